@@ -1,0 +1,1 @@
+"""prime-async: asynchronous RL trainer for LLMs."""

@@ -1,0 +1,1 @@
+"""Config schemas (pydantic only; never imports torch)."""

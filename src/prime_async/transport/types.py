@@ -1,0 +1,64 @@
+"""In-memory training-batch types shared by the orchestrator (producer) and the trainer (consumer).
+
+The wire encoding lives in `transport/wire.py` (msgspec header + raw array frames, never pickle).
+
+Invariants:
+- every array of a `MicroBatch` has the same length T <= seq_len;
+- `position_ids` restart at 0 at every packed sample, so attention never crosses samples;
+- `loss_mask` is True exactly on sampled completion tokens (never prompt, tool, user or template tokens);
+- `sampler_logprobs` are the logprobs recorded at sampling time (0.0 where `loss_mask` is False);
+- `token_versions` hold the weight version each token was sampled under (-1 where unknown / not sampled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ARRAY_DTYPES: dict[str, np.dtype] = {
+    "input_ids": np.dtype(np.int32),
+    "position_ids": np.dtype(np.int32),
+    "loss_mask": np.dtype(np.bool_),
+    "advantages": np.dtype(np.float32),
+    "sampler_logprobs": np.dtype(np.float32),
+    "token_versions": np.dtype(np.int32),
+}
+
+
+@dataclass
+class MicroBatch:
+    """One packed row of several samples, flat per-token arrays of shape (T,)."""
+
+    input_ids: np.ndarray
+    position_ids: np.ndarray
+    loss_mask: np.ndarray
+    advantages: np.ndarray
+    sampler_logprobs: np.ndarray
+    token_versions: np.ndarray
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+@dataclass
+class TrainBatch:
+    """Batch for trainer step `step`: one list of micro-batches per data-parallel rank.
+
+    `num_loss_tokens` counts loss tokens over the whole batch (all ranks): the loss normalizer.
+    `min_dispatch_version` is the oldest dispatch version of any group in it, so the trainer can
+    re-check `step - min_dispatch_version <= max_off_policy_steps` (defence in depth; the train
+    sink's sweep is the guarantee).
+    """
+
+    step: int
+    micro_batches: list[list[MicroBatch]]
+    num_loss_tokens: int
+    temperature: float
+    min_dispatch_version: int
+    metrics: dict[str, float] = field(default_factory=dict)
