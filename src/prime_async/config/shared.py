@@ -45,3 +45,16 @@ class LogConfig(BaseConfig):
 
 
 DEFAULT_OUTPUT_DIR = Path("outputs/run")
+
+
+class TransportConfig(BaseConfig):
+    """ZeroMQ batch stream orchestrator -> trainer. The orchestrator binds, trainer ranks connect."""
+
+    host: str = Field("127.0.0.1", description="Address the orchestrator binds and trainer ranks connect to.")
+    port: int = Field(5557, ge=1, le=65535, description="TCP port of the batch stream.")
+    timeout_s: float = Field(
+        600.0, gt=0, description="How long a trainer rank waits for its next batch before failing."
+    )
+    max_frame_bytes: int = Field(
+        2**31, gt=0, description="Frames larger than this are rejected as malformed (no allocation)."
+    )

@@ -10,7 +10,7 @@ Invariants (enforced by the components that build them, stated here so all agree
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 EpisodeStatus = Literal["ok", "error", "aborted", "cancelled"]
 EpisodeOutcome = Literal["trained", "dropped_stale", "filtered", "errored", "cancelled"]
@@ -60,3 +60,18 @@ class Group:
     @property
     def rewards(self) -> list[float]:
         return [e.reward if e.reward is not None else 0.0 for e in self.episodes]
+
+
+class RolloutSource(Protocol):
+    """Runs single episodes of an environment against inference. Implemented with verifiers
+    (`orchestrator/envs.py`) in production and by in-process fakes in tests.
+
+    `run_episode` never raises for environment faults: it returns an Episode with status "error"
+    and `error` set. It raises `asyncio.CancelledError` when cancelled (the dispatcher's cancel path).
+    `engine_key` lets the gateway keep every turn of one episode on one engine (sticky routing).
+    """
+
+    @property
+    def num_examples(self) -> int: ...
+
+    async def run_episode(self, *, example_id: int, engine_key: str, sampling: dict[str, Any]) -> Episode: ...

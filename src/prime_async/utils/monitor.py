@@ -34,7 +34,9 @@ class Monitor:
         self.path = Path(output_dir) / "metrics" / f"{name}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", buffering=1)
-        self._run = self._start_wandb(wandb_cfg, name, Path(output_dir), config) if wandb_cfg.enabled else None
+        self._run = (
+            self._start_wandb(wandb_cfg, name, Path(output_dir), config) if wandb_cfg.enabled else None
+        )
 
     @staticmethod
     def _start_wandb(cfg: WandbConfig, name: str, output_dir: Path, config: dict | None):
