@@ -1,0 +1,82 @@
+"""Console progress of an `rl` run, read from the components' metrics JSONL files.
+
+One line per orchestrator step: step, reward, staleness, trainer loss / mismatch KL, tokens/s, ETA.
+It reads files the components append to, so it never slows them down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class JsonlFollower:
+    """Yields the records appended to a JSONL file since the last call (partial lines wait)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._offset = 0
+
+    def new_records(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        complete, _, _ = data.rpartition(b"\n")
+        if not complete:
+            return []
+        self._offset += len(complete) + 1
+        return [json.loads(line) for line in complete.split(b"\n") if line.strip()]
+
+
+class ProgressView:
+    """Prints one concise line per finished step."""
+
+    def __init__(self, *, metrics_dir: Path, max_steps: int):
+        self.max_steps = max_steps
+        self._orchestrator = JsonlFollower(metrics_dir / "orchestrator.jsonl")
+        self._trainer = JsonlFollower(metrics_dir / "trainer.jsonl")
+        self._trainer_by_step: dict[int, dict[str, Any]] = {}
+        self._pending: list[dict[str, Any]] = []
+        self._started = time.monotonic()
+        self._steps_done = 0
+
+    def poll(self) -> None:
+        for record in self._trainer.new_records():
+            self._trainer_by_step[int(record["step"])] = record
+        self._pending.extend(self._orchestrator.new_records())
+        for record in self._pending:
+            self._print(record, self._trainer_by_step.get(int(record["step"]), {}))
+        self._pending.clear()
+
+    def _print(self, orch: dict[str, Any], train: dict[str, Any]) -> None:
+        self._steps_done = max(self._steps_done, int(orch["step"]) + 1)
+        elapsed = time.monotonic() - self._started
+        remaining = max(self.max_steps - self._steps_done, 0)
+        eta = elapsed / max(self._steps_done, 1) * remaining
+        parts = [
+            f"step {orch['step']:>4}/{self.max_steps}",
+            f"reward {_fmt(orch.get('reward/mean'))}",
+            f"staleness {_fmt(orch.get('rollout/data_staleness/mean'))}"
+            f"/{_fmt(orch.get('rollout/data_staleness/max'))}",
+            f"loss {_fmt(train.get('loss/mean', train.get('loss')))}",
+            f"mismatch_kl {_fmt(train.get('mismatch_kl'), 4)}",
+            f"tok/s {_fmt(orch.get('perf/tokens_per_s', orch.get('rollout/tokens_per_s')), 0)}",
+            f"ETA {eta:5.0f}s",
+        ]
+        logger.info(" | ".join(parts))
+
+    def finish(self) -> None:
+        logger.info("done: %d steps in %.1f s", self._steps_done, time.monotonic() - self._started)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return f"{float(value):.{digits}f}"
