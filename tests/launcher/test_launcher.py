@@ -1,0 +1,72 @@
+"""The rl launcher's supervision with real child processes (plain python commands, no model)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from prime_async.launcher.process import Component, tail_lines
+from prime_async.launcher.progress import JsonlFollower
+from prime_async.launcher.rl import _first_failure
+
+
+def _component(tmp_path: Path, name: str, code: str) -> Component:
+    return Component(name=name, command=[sys.executable, "-c", code], log_path=tmp_path / f"{name}.log")
+
+
+def test_failure_of_one_component_is_detected_with_its_log(tmp_path: Path) -> None:
+    ok = _component(tmp_path, "inference", "import time; time.sleep(60)")
+    bad = _component(tmp_path, "trainer", "print('loading'); print('boom: bad batch'); raise SystemExit(3)")
+    orch = _component(tmp_path, "orchestrator", "import time; time.sleep(60)")
+    components = {"inference": ok, "trainer": bad, "orchestrator": orch}
+    for c in components.values():
+        c.start()
+    deadline = time.monotonic() + 20
+    failed = None
+    while failed is None and time.monotonic() < deadline:
+        failed = _first_failure(components)
+        time.sleep(0.05)
+    assert failed is bad and bad.returncode() == 3
+    assert tail_lines(bad.log_path, 1) == ["boom: bad batch"]
+    for c in components.values():
+        c.stop(timeout_s=5)
+    assert ok.returncode() is not None and orch.returncode() is not None
+
+
+def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
+    code = (
+        "import subprocess, sys, time;"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+        "print(p.pid, flush=True); time.sleep(60)"
+    )
+    parent = _component(tmp_path, "trainer", code)
+    parent.start()
+    deadline = time.monotonic() + 20
+    while not tail_lines(parent.log_path, 1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child_pid = int(tail_lines(parent.log_path, 1)[0])
+    parent.stop(timeout_s=5)
+    assert not _alive(child_pid), "the grandchild survived stop()"
+
+
+def _alive(pid: int) -> bool:
+    """True when the process exists and is not a zombie (nobody may reap orphans in a container)."""
+    status = Path(f"/proc/{pid}/status")
+    if not status.exists():
+        return False
+    state = next(line for line in status.read_text().splitlines() if line.startswith("State:"))
+    return "Z" not in state.split()[1]
+
+
+def test_jsonl_follower_returns_only_complete_new_lines(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    follower = JsonlFollower(path)
+    assert follower.new_records() == []
+    path.write_text(json.dumps({"step": 0}) + "\n" + '{"step": 1')
+    assert follower.new_records() == [{"step": 0}]
+    with path.open("a") as f:
+        f.write("}\n")
+    assert follower.new_records() == [{"step": 1}]
+    assert follower.new_records() == []
