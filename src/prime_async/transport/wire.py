@@ -1,0 +1,176 @@
+"""Wire format of the batch stream: one msgspec header frame + raw array frames. Never pickle.
+
+    trainer rank (DEALER)                         orchestrator (ROUTER)
+      [Request(step, rank, world_size)]   ───►
+                                          ◄───  [BatchHeader] [arr] [arr] ...   (one rank's slice)
+                                          ◄───  [ErrorReply]                     (e.g. step evicted)
+
+A batch message for rank r holds, for each of its micro-batches in order, one frame per array of
+`ARRAY_NAMES` (so `6 * num_micro_batches` array frames). Each frame is the raw little-endian bytes of a
+flat array; `BatchHeader.arrays` says its name, dtype and length.
+
+Invariants (checked by `decode_*`, which raise `WireError`, never skip):
+- the first frame decodes to a known message type (tagged msgspec union);
+- frame count, names, dtypes and byte sizes match the header; no frame exceeds `max_frame_bytes`;
+- every array of a micro-batch has the micro-batch's length from `layout[rank]`;
+- temperature is finite and > 0, `num_loss_tokens` >= this rank's loss tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+import numpy as np
+
+from prime_async.transport.types import ARRAY_DTYPES, MicroBatch, TrainBatch
+
+ARRAY_NAMES: tuple[str, ...] = tuple(ARRAY_DTYPES)
+PROTOCOL_VERSION = 1
+
+
+class WireError(ValueError):
+    """A message on the batch stream is malformed, unexpected or inconsistent with its header."""
+
+
+class ArraySpec(msgspec.Struct, frozen=True):
+    name: str
+    dtype: str
+    length: int
+
+
+class Request(msgspec.Struct, tag="request", frozen=True):
+    """Trainer rank -> orchestrator: 'send me batch `step`'. The first one is the READY handshake."""
+
+    step: int
+    rank: int
+    world_size: int
+    protocol: int = PROTOCOL_VERSION
+
+
+class BatchHeader(msgspec.Struct, tag="batch", frozen=True):
+    """Orchestrator -> trainer rank: header of rank `rank`'s slice of batch `step`."""
+
+    step: int
+    rank: int
+    world_size: int
+    layout: list[list[int]]  # tokens of each micro-batch, per rank (the whole batch's layout)
+    arrays: list[ArraySpec]  # this rank's array frames, in frame order
+    num_loss_tokens: int  # loss tokens of the whole batch (all ranks): the loss normalizer
+    temperature: float
+    min_dispatch_version: int
+    metrics: dict[str, float] = {}
+    protocol: int = PROTOCOL_VERSION
+
+
+class ErrorReply(msgspec.Struct, tag="error", frozen=True):
+    """Orchestrator -> trainer rank: the request cannot be served (the trainer must fail loudly)."""
+
+    step: int
+    message: str
+
+
+Message = Request | BatchHeader | ErrorReply
+_decoder = msgspec.msgpack.Decoder(Message)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_message(msg: Request | ErrorReply) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_message(frame: bytes | memoryview) -> Message:
+    """Decode a header frame into a known message type, or raise `WireError`."""
+    try:
+        msg = _decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(f"undecodable or unknown message on the batch stream: {exc}") from exc
+    if isinstance(msg, Request | BatchHeader) and msg.protocol != PROTOCOL_VERSION:
+        raise WireError(f"peer speaks protocol version {msg.protocol}, this side {PROTOCOL_VERSION}")
+    return msg
+
+
+def encode_rank_slice(batch: TrainBatch, rank: int) -> list[bytes | memoryview]:
+    """Header + raw array frames of `rank`'s micro-batches. Array frames reference the arrays (no copy)."""
+    world_size = len(batch.micro_batches)
+    arrays: list[ArraySpec] = []
+    frames: list[bytes | memoryview] = []
+    for mb in batch.micro_batches[rank]:
+        for name in ARRAY_NAMES:
+            arr = np.ascontiguousarray(getattr(mb, name), dtype=ARRAY_DTYPES[name])
+            if arr.ndim != 1:
+                raise WireError(f"micro-batch array {name} must be 1-D, got shape {arr.shape}")
+            arrays.append(ArraySpec(name=name, dtype=arr.dtype.str, length=int(arr.shape[0])))
+            frames.append(memoryview(arr).cast("B"))
+    header = BatchHeader(
+        step=batch.step,
+        rank=rank,
+        world_size=world_size,
+        layout=[[mb.num_tokens for mb in mbs] for mbs in batch.micro_batches],
+        arrays=arrays,
+        num_loss_tokens=batch.num_loss_tokens,
+        temperature=batch.temperature,
+        min_dispatch_version=batch.min_dispatch_version,
+        metrics=dict(batch.metrics),
+    )
+    return [_encoder.encode(header), *frames]
+
+
+def _check_header(header: BatchHeader, num_frames: int) -> None:
+    if not (0 <= header.rank < header.world_size == len(header.layout)):
+        raise WireError(f"bad rank/world_size/layout: rank={header.rank} world_size={header.world_size}")
+    if not (math.isfinite(header.temperature) and header.temperature > 0):
+        raise WireError(f"temperature must be finite and > 0, got {header.temperature}")
+    if header.num_loss_tokens < 0:
+        raise WireError(f"num_loss_tokens must be >= 0, got {header.num_loss_tokens}")
+    expected = len(header.layout[header.rank]) * len(ARRAY_NAMES)
+    if len(header.arrays) != expected or num_frames != expected:
+        raise WireError(
+            f"step {header.step} rank {header.rank}: expected {expected} array frames, "
+            f"header lists {len(header.arrays)}, got {num_frames}"
+        )
+
+
+def _decode_array(spec: ArraySpec, frame: bytes | memoryview, max_frame_bytes: int) -> np.ndarray:
+    expected_dtype = ARRAY_DTYPES.get(spec.name)
+    if expected_dtype is None:
+        raise WireError(f"unknown array {spec.name!r}")
+    if np.dtype(spec.dtype) != expected_dtype:
+        raise WireError(f"array {spec.name} has dtype {spec.dtype}, expected {expected_dtype.str}")
+    nbytes = len(frame) if isinstance(frame, bytes) else frame.nbytes
+    if nbytes > max_frame_bytes:
+        raise WireError(
+            f"array {spec.name} frame of {nbytes} bytes exceeds max_frame_bytes={max_frame_bytes}"
+        )
+    if spec.length < 0 or nbytes != spec.length * expected_dtype.itemsize:
+        raise WireError(f"array {spec.name}: {nbytes} bytes for {spec.length} x {expected_dtype.str}")
+    return np.frombuffer(frame, dtype=expected_dtype)
+
+
+def decode_rank_slice(
+    frames: list[bytes | memoryview], *, max_frame_bytes: int
+) -> tuple[BatchHeader, list[MicroBatch]]:
+    """Decode a batch message into its header and this rank's micro-batches (arrays are read-only views)."""
+    if not frames:
+        raise WireError("empty message on the batch stream")
+    msg = decode_message(frames[0])
+    if not isinstance(msg, BatchHeader):
+        raise WireError(f"expected a batch message, got {type(msg).__name__}: {msg}")
+    _check_header(msg, len(frames) - 1)
+    micro_batches: list[MicroBatch] = []
+    n = len(ARRAY_NAMES)
+    for i, length in enumerate(msg.layout[msg.rank]):
+        specs = msg.arrays[i * n : (i + 1) * n]
+        if tuple(s.name for s in specs) != ARRAY_NAMES:
+            raise WireError(f"micro-batch {i}: arrays {[s.name for s in specs]} != {list(ARRAY_NAMES)}")
+        if any(s.length != length for s in specs):
+            raise WireError(f"micro-batch {i}: array lengths {[s.length for s in specs]} != layout {length}")
+        arrays = {s.name: _decode_array(s, f, max_frame_bytes) for s, f in zip(specs, frames[1 + i * n :])}
+        micro_batches.append(MicroBatch(**arrays))
+    local_loss_tokens = sum(mb.num_loss_tokens for mb in micro_batches)
+    if local_loss_tokens > msg.num_loss_tokens:
+        raise WireError(
+            f"rank holds {local_loss_tokens} loss tokens > batch num_loss_tokens {msg.num_loss_tokens}"
+        )
+    return msg, micro_batches

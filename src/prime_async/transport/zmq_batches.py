@@ -1,0 +1,260 @@
+"""ZeroMQ batch stream: `BatchSender` (orchestrator, ROUTER, binds) -> `BatchReceiver` (trainer rank, DEALER).
+
+The stream is pull-based: a trainer rank asks for batch `step` with a `Request`, and the sender answers
+with that rank's slice as soon as the batch exists. The first request of a rank is its READY handshake.
+
+    orchestrator main loop            sender thread (owns the ROUTER)          trainer rank r
+      send(batch n) ──cache[n]──►  serve pending/new requests  ◄── Request(step n) ── receive(n)
+                                   ──► [BatchHeader][arrays...] ─────────────────────►
+
+Invariants:
+- no batch is lost to a slow joiner: `send` first waits until every rank said READY, and a batch stays
+  cached until every rank has asked for a later step (plus `resend_window` newest ones, for restarts);
+- a restarted trainer (`--resume`) reconnects with a fresh identity and asks for its next step; the sender
+  serves it from the cache. A step that was evicted gets an `ErrorReply`, and the trainer fails loudly
+  (raise `resend_window` to at least `ckpt.interval` to make every restart servable);
+- step `n` is answered with batch `n` only; a receiver that gets anything else raises `WireError`;
+- array frames are sent with `copy=False` from the cached arrays; nothing is pickled.
+The sender's socket lives in one background thread (ZeroMQ sockets are not thread-safe); its failures are
+re-raised by the next `send`/`wait_ready`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import zmq
+
+from prime_async.config.shared import TransportConfig
+from prime_async.transport.types import MicroBatch, TrainBatch
+from prime_async.transport.wire import (
+    ErrorReply,
+    Request,
+    WireError,
+    decode_message,
+    decode_rank_slice,
+    encode_message,
+    encode_rank_slice,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RankBatch:
+    """One trainer rank's share of batch `step`, plus the batch-level fields."""
+
+    step: int
+    rank: int
+    micro_batches: list[MicroBatch]
+    layout: list[list[int]]  # tokens per micro-batch, per rank (whole batch)
+    num_loss_tokens: int  # whole batch (all ranks)
+    temperature: float
+    min_dispatch_version: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def max_micro_batches(self) -> int:
+        """Micro-batches of the busiest rank: every rank runs this many forward/backward passes."""
+        return max(len(r) for r in self.layout)
+
+
+class BatchSender:
+    """Orchestrator side: binds a ROUTER, caches encoded batches, answers each rank's requests."""
+
+    def __init__(self, *, cfg: TransportConfig, num_ranks: int, resend_window: int = 4):
+        if num_ranks < 1 or resend_window < 1:
+            raise ValueError("num_ranks and resend_window must be >= 1")
+        self.cfg, self.num_ranks, self.resend_window = cfg, num_ranks, resend_window
+        self._ctx = zmq.Context.instance()
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[int, list[list]] = OrderedDict()  # step -> per-rank frames
+        self._pending: dict[bytes, Request] = {}  # requester identity -> request not yet servable
+        self._next_needed: dict[int, int] = {}  # rank -> newest step it asked for
+        self._all_ready = threading.Event()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._last_step: int | None = None
+        self._wake_addr = f"inproc://batch-sender-{uuid.uuid4().hex}"
+        self._wake_pull = self._ctx.socket(zmq.PULL)
+        self._wake_pull.bind(self._wake_addr)
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable peer -> error, not a silent drop
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.bind(f"tcp://{cfg.host}:{cfg.port}")
+        self._wake_push = self._ctx.socket(zmq.PUSH)
+        self._wake_push.connect(self._wake_addr)
+        self._thread = threading.Thread(target=self._serve, name="batch-sender", daemon=True)
+        self._thread.start()
+        logger.info("batch sender bound to tcp://%s:%d for %d rank(s)", cfg.host, cfg.port, num_ranks)
+
+    # -- main-thread API -------------------------------------------------------------------------------
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until every rank has sent its READY (first request)."""
+        deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
+        while not self._all_ready.wait(timeout=0.05):
+            self._raise_if_failed()
+            if time.monotonic() > deadline:
+                with self._lock:
+                    missing = sorted(set(range(self.num_ranks)) - set(self._next_needed))
+                raise TimeoutError(f"trainer ranks {missing} did not connect to the batch stream in time")
+        self._raise_if_failed()
+
+    def send(self, batch: TrainBatch) -> None:
+        """Queue `batch` for its ranks (after the READY handshake of all ranks). Returns once cached."""
+        self._raise_if_failed()
+        if len(batch.micro_batches) != self.num_ranks:
+            raise ValueError(f"batch has {len(batch.micro_batches)} rank slices, sender has {self.num_ranks}")
+        if self._last_step is not None and batch.step != self._last_step + 1:
+            raise ValueError(f"batch step {batch.step} does not follow {self._last_step}")
+        self.wait_ready()
+        frames = [encode_rank_slice(batch, rank) for rank in range(self.num_ranks)]
+        with self._lock:
+            self._cache[batch.step] = frames
+            self._last_step = batch.step
+            self._evict_locked()
+        self._wake_push.send(b"")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake_push.send(b"")
+        self._thread.join(timeout=5)
+        self._wake_push.close(linger=0)
+
+    def __enter__(self) -> BatchSender:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"batch sender thread failed: {self._error}") from self._error
+
+    def _evict_locked(self) -> None:
+        oldest_needed = min(self._next_needed.values(), default=0)
+        while len(self._cache) > self.resend_window:
+            step = next(iter(self._cache))
+            if step >= oldest_needed:
+                break
+            del self._cache[step]
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_pull, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(timeout=200))
+                if self._wake_pull in events:
+                    while self._wake_pull.poll(0):
+                        self._wake_pull.recv()
+                if self._router in events:
+                    while self._router.poll(0):
+                        self._on_message(self._router.recv_multipart())
+                self._serve_pending()
+        except BaseException as exc:  # supervised: re-raised in the main thread by send/wait_ready
+            logger.exception("batch sender thread failed")
+            self._error = exc
+        finally:
+            self._router.close(linger=0)
+            self._wake_pull.close(linger=0)
+
+    def _on_message(self, parts: list[bytes]) -> None:
+        identity, frames = parts[0], parts[1:]
+        try:
+            if len(frames) != 1:
+                raise WireError(f"expected 1 request frame, got {len(frames)}")
+            msg = decode_message(frames[0])
+            if not isinstance(msg, Request):
+                raise WireError(f"expected a request, got {type(msg).__name__}")
+            if msg.world_size != self.num_ranks or not 0 <= msg.rank < self.num_ranks:
+                raise WireError(f"rank {msg.rank}/world {msg.world_size} != sender's {self.num_ranks} ranks")
+        except WireError as exc:
+            # A bad peer gets a clear error back; the stream keeps serving the good ones.
+            logger.error("bad request on the batch stream: %s", exc)
+            self._reply(identity, [encode_message(ErrorReply(step=-1, message=str(exc)))])
+            return
+        with self._lock:
+            if msg.rank in self._next_needed and msg.step <= self._next_needed[msg.rank]:
+                logger.warning("trainer rank %d re-asked for step %d (restart?)", msg.rank, msg.step)
+            self._next_needed[msg.rank] = msg.step
+            self._pending[identity] = msg
+            if len(self._next_needed) == self.num_ranks:
+                self._all_ready.set()
+
+    def _serve_pending(self) -> None:
+        with self._lock:
+            servable = []
+            for identity, req in list(self._pending.items()):
+                if req.step in self._cache:
+                    servable.append((identity, self._cache[req.step][req.rank]))
+                elif self._last_step is None or req.step > self._last_step:
+                    continue  # not produced yet
+                else:
+                    msg = f"batch {req.step} is no longer cached (oldest {next(iter(self._cache), None)}); "
+                    msg += "raise transport resend_window to at least ckpt.interval"
+                    servable.append((identity, [encode_message(ErrorReply(step=req.step, message=msg))]))
+                del self._pending[identity]
+            self._evict_locked()
+        for identity, frames in servable:
+            self._reply(identity, frames)
+
+    def _reply(self, identity: bytes, frames: list) -> None:
+        try:
+            self._router.send_multipart([identity, *frames], copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            # The requester died before its answer (e.g. a trainer being restarted); its successor will ask.
+            logger.warning("trainer peer %r went away before its batch was sent", identity)
+
+
+class BatchReceiver:
+    """Trainer rank side: DEALER with a fresh identity per process; `receive(step)` asks and waits."""
+
+    def __init__(self, *, cfg: TransportConfig, rank: int, world_size: int):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self._sock = zmq.Context.instance().socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.IDENTITY, f"rank{rank}-{uuid.uuid4().hex[:12]}".encode())
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(f"tcp://{cfg.host}:{cfg.port}")
+
+    def receive(self, step: int, timeout: float | None = None) -> RankBatch:
+        """Request batch `step` and return this rank's slice; errors are raised, never skipped."""
+        req = Request(step=step, rank=self.rank, world_size=self.world_size)
+        self._sock.send(encode_message(req))
+        timeout_s = self.cfg.timeout_s if timeout is None else timeout
+        if not self._sock.poll(timeout=int(timeout_s * 1000)):
+            raise TimeoutError(f"rank {self.rank}: no batch for step {step} within {timeout_s:.0f}s")
+        frames = [f.buffer for f in self._sock.recv_multipart(copy=False)]
+        first = decode_message(frames[0])
+        if isinstance(first, ErrorReply):
+            raise RuntimeError(f"orchestrator refused batch {step} for rank {self.rank}: {first.message}")
+        header, micro_batches = decode_rank_slice(frames, max_frame_bytes=self.cfg.max_frame_bytes)
+        if header.step != step or header.rank != self.rank or header.world_size != self.world_size:
+            raise WireError(
+                f"asked for step {step} rank {self.rank}/{self.world_size}, "
+                f"got step {header.step} rank {header.rank}/{header.world_size}"
+            )
+        return RankBatch(
+            step=header.step,
+            rank=header.rank,
+            micro_batches=micro_batches,
+            layout=header.layout,
+            num_loss_tokens=header.num_loss_tokens,
+            temperature=header.temperature,
+            min_dispatch_version=header.min_dispatch_version,
+            metrics=dict(header.metrics),
+        )
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
