@@ -1,0 +1,201 @@
+"""Config schema of the `orchestrator` command (`uv run orchestrator @ orchestrator.toml`).
+
+Invariants checked at validation time (each error names the TOML key and the fix):
+- `max_buffered_groups >= batch_groups` (the buffer must hold at least one batch);
+- `update_weights_interval <= max_off_policy_steps + 1` (otherwise admission could wait for a version
+  that is never loaded: a deadlock);
+- a warning (not an error) when `max_off_policy_steps < ceil(max_buffered_groups / batch_groups)`: the
+  buffer limit then produces groups older than K, which the sink drops every step.
+Derived defaults (`resolved_*` properties) follow DESIGN.md; this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from prime_async.config.base import BaseConfig
+from prime_async.config.env import EnvConfig
+from prime_async.config.shared import (
+    DEFAULT_OUTPUT_DIR,
+    LogConfig,
+    ModelConfig,
+    TransportConfig,
+    WandbConfig,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class InferenceClientConfig(BaseConfig):
+    """Which inference engines the orchestrator talks to (SGLang native HTTP API)."""
+
+    base_urls: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:30000"],
+        min_length=1,
+        description="Base URLs of the inference engines (SGLang servers or the embedded engine).",
+    )
+    api_key: str | None = Field(None, description="Bearer token sent to the engines, if they require one.")
+    max_running_requests: int = Field(
+        32, ge=1, description="Requests one engine runs at once; used for the derived `max_inflight_groups`."
+    )
+    timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of one engine request.")
+
+
+class SinkConfig(BaseConfig):
+    """The train sink: what is kept, dropped, and in which order groups are taken into a batch."""
+
+    import_path: str | None = Field(
+        None,
+        description="Replace the default sink with `module:Class` (same constructor and put/get_batch/"
+        "get_metrics interface); the other fields apply only if that class reads them.",
+    )
+    order: Literal["fifo", "windowed_fifo"] = Field(
+        "fifo",
+        description="fifo = oldest finished groups first; windowed_fifo = groups are taken in dispatch "
+        "order, out of order only within a window (MiniMax Forge), so slow groups inside it hold the batch.",
+    )
+    window_fraction: float = Field(
+        0.3, ge=0.0, le=10.0, description="Window of windowed_fifo as a fraction of `batch_groups`."
+    )
+    reject_equal_reward: bool = Field(
+        False, description="Drop groups whose rewards are all equal (no signal for a group baseline)."
+    )
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate",
+        description="Episodes longer than `seq_len`: truncate to seq_len (flagged `truncated`), or drop "
+        "the episode (counted as filtered).",
+    )
+
+
+class AdvantageConfig(BaseConfig):
+    """Group-relative advantages: reward minus the group mean."""
+
+    std_normalize: bool = Field(False, description="Divide by the group's reward std (GRPO-style).")
+    eps: float = Field(1e-6, gt=0, description="Added to the std before dividing.")
+
+
+class SamplingConfig(BaseConfig):
+    """Sampling parameters sent with every generation request."""
+
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (the trainer uses the same).")
+    max_tokens: int = Field(128, ge=1, description="Max new tokens per model turn.")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling threshold.")
+
+
+class OrchestratorCkptConfig(BaseConfig):
+    """Orchestrator checkpoints: data-source position and the prompts issued but not yet trained."""
+
+    interval: int | None = Field(
+        None, ge=1, description="Save every this many steps (None = never). Match the trainer's interval."
+    )
+
+
+class OrchestratorConfig(BaseConfig):
+    """Loads environments, dispatches groups, holds the train sink, streams batches, drives weight updates."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model (tokenizer for the env).")
+    output_dir: Path = Field(
+        DEFAULT_OUTPUT_DIR, description="Run directory: broadcasts/, checkpoints/, metrics/ live under it."
+    )
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="wandb logging.")
+    log: LogConfig = Field(default_factory=LogConfig, description="Console logging.")
+    seq_len: int = Field(2048, ge=8, description="Max tokens of one micro-batch (and of one sample).")
+    max_steps: int = Field(20, ge=1, description="Number of batches to produce (trainer steps).")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="The verifiers environment.")
+    inference: InferenceClientConfig = Field(
+        default_factory=InferenceClientConfig, description="Inference engines."
+    )
+    transport: TransportConfig = Field(
+        default_factory=TransportConfig, description="ZeroMQ batch stream to the trainer."
+    )
+    num_train_ranks: int = Field(1, ge=1, description="Trainer data-parallel ranks a batch is split across.")
+    batch_groups: int = Field(8, ge=1, description="Groups per training batch.")
+    group_size: int = Field(4, ge=1, description="Episodes per group (same prompt).")
+    max_off_policy_steps: int = Field(
+        8, ge=0, description="K: no group with `step - dispatch_version > K` is ever trained; 0 = sync."
+    )
+    max_inflight_groups: int | None = Field(
+        None,
+        ge=1,
+        description="Groups issued and not returned. None = ceil(max_running_requests * engines * 1.2 / "
+        "group_size).",
+    )
+    max_buffered_groups: int | None = Field(
+        None, ge=1, description="In-flight plus finished-but-untrained groups. None = 2 * batch_groups."
+    )
+    submission_granularity: Literal["sample", "group"] = Field(
+        "sample",
+        description="sample = each finished episode frees its own slot; group = the slot is held until the "
+        "whole group returns.",
+    )
+    pause_mode: Literal["retract", "in_place", "drain"] = Field(
+        "retract", description="How in-flight generation survives a weight update (see DESIGN.md)."
+    )
+    update_weights_interval: int = Field(1, ge=1, description="Trainer steps between weight updates.")
+    weight_poll_interval_s: float = Field(
+        0.05, gt=0, description="How often the weight watcher looks for a new STABLE broadcast."
+    )
+    max_dropped_groups_per_step: int | None = Field(
+        None,
+        ge=1,
+        description="Fail the run when more groups are dropped between two batch cuts. "
+        "None = 10 * batch_groups.",
+    )
+    unused_handler: Literal["drop", "retry"] = Field(
+        "drop",
+        description="Stale, errored or cancelled groups: drop the prompt, or retry it (back into the data "
+        "source). Filtered groups are always dropped.",
+    )
+    sink: SinkConfig = Field(default_factory=SinkConfig, description="Train sink.")
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
+    seed: int = Field(0, description="Seed of the data order.")
+    shuffle: bool = Field(True, description="Shuffle the examples every epoch (seeded).")
+    resume: bool = Field(False, description="Resume from the latest checkpoint under output_dir/checkpoints.")
+    ckpt: OrchestratorCkptConfig = Field(default_factory=OrchestratorCkptConfig, description="Checkpoints.")
+
+    @property
+    def resolved_max_inflight_groups(self) -> int:
+        if self.max_inflight_groups is not None:
+            return self.max_inflight_groups
+        capacity = self.inference.max_running_requests * len(self.inference.base_urls) * 1.2
+        return max(1, math.ceil(capacity / self.group_size))
+
+    @property
+    def resolved_max_buffered_groups(self) -> int:
+        return self.max_buffered_groups if self.max_buffered_groups is not None else 2 * self.batch_groups
+
+    @property
+    def resolved_max_dropped_groups_per_step(self) -> int:
+        if self.max_dropped_groups_per_step is not None:
+            return self.max_dropped_groups_per_step
+        return 10 * self.batch_groups
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> OrchestratorConfig:
+        buffered = self.resolved_max_buffered_groups
+        if buffered < self.batch_groups:
+            raise ValueError(
+                f"max_buffered_groups ({buffered}) < batch_groups ({self.batch_groups}): set "
+                f"max_buffered_groups >= batch_groups (default 2 * batch_groups)"
+            )
+        if self.update_weights_interval > self.max_off_policy_steps + 1:
+            raise ValueError(
+                f"update_weights_interval ({self.update_weights_interval}) > max_off_policy_steps + 1 "
+                f"({self.max_off_policy_steps + 1}): admission would wait for a version never loaded; lower "
+                "update_weights_interval or raise max_off_policy_steps"
+            )
+        needed = math.ceil(buffered / self.batch_groups)
+        if self.max_off_policy_steps < needed:
+            logger.warning(
+                "max_off_policy_steps (%d) < ceil(max_buffered_groups / batch_groups) (%d): the buffer limit "
+                "lets groups age past K, so the oldest groups of a batch may be dropped every step",
+                self.max_off_policy_steps,
+                needed,
+            )
+        return self

@@ -1,0 +1,321 @@
+"""In-process simulation of the RL loop around the orchestrator, for tests and benchmarks.
+
+    VirtualClockLoop: an asyncio loop whose clock jumps to the next timer when nothing is ready, so a
+        run of hours of simulated generation takes milliseconds and is deterministic (no real sleeps);
+    SimulatedEngine: `EngineClient` with heavy-tailed (Pareto) latency, per-token versions, pause modes,
+        and SGLang's refusals (flush_cache=True with in_place-paused requests fails);
+    SimulatedRolloutSource: `RolloutSource` running one generate call per episode on a sticky engine;
+    InMemoryBroadcasts + FakeTrainer: consume batches, publish version n+1 after a simulated train time.
+
+Nothing here runs in production; `run_simulation` wires the real components exactly as
+`orchestrator.py` does (build_components + run_loop), only engines, source, trainer and clock are fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import selectors
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.inference.types import GenerateResult, PauseMode
+from prime_async.orchestrator.orchestrator import Components, build_components, run_loop
+from prime_async.orchestrator.types import Episode, Group
+from prime_async.transport.types import TrainBatch
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop: VirtualClockLoop | None = None
+
+    def select(self, timeout: float | None = None):  # type: ignore[override]
+        events = super().select(0)
+        if events or timeout == 0:
+            return events
+        if timeout is None:
+            raise RuntimeError("virtual clock: deadlock (no timer scheduled and nothing ready)")
+        assert self.loop is not None
+        self.loop.virtual_now += timeout
+        return []
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """Event loop with simulated time: `time()` only advances when every task waits on a timer."""
+
+    def __init__(self) -> None:
+        selector = _VirtualSelector()
+        super().__init__(selector)
+        selector.loop = self
+        self.virtual_now = 0.0
+
+    def time(self) -> float:
+        return self.virtual_now
+
+
+def run_virtual(coro: Any) -> Any:
+    """Run `coro` to completion on a fresh VirtualClockLoop."""
+    loop = VirtualClockLoop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+@dataclass
+class SimParams:
+    """Knobs of the simulated world (times in simulated seconds)."""
+
+    num_engines: int = 2
+    num_examples: int = 64
+    latency_s: float = 1.0  # scale of the Pareto latency of one episode
+    pareto_alpha: float = 1.5  # heavier tail when smaller
+    max_latency_s: float = 60.0
+    num_chunks: int = 4  # decode chunks per episode (version boundaries can fall between them)
+    prompt_len: int = 8
+    max_new_tokens: int = 16
+    train_time_s: float = 1.0
+    update_time_s: float = 0.05
+    error_rate: float = 0.0
+    seed: int = 0
+
+
+class SimulatedEngine:
+    """An engine with simulated time. Pausing stops decoding at chunk boundaries until continue."""
+
+    def __init__(self, *, index: int, params: SimParams, rng: random.Random):
+        self.base_url = f"sim://engine{index}"
+        self.params = params
+        self.rng = rng
+        self.version = 0
+        self.paused: PauseMode | None = None
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self.running = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.calls: list[tuple[str, Any]] = []
+
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None):
+        p = self.params
+        latency = min(p.latency_s * self.rng.paretovariate(p.pareto_alpha), p.max_latency_s)
+        n_tokens = self.rng.randint(1, min(p.max_new_tokens, sampling_params.get("max_tokens", 1 << 30)))
+        self.running += 1
+        self._idle.clear()
+        try:
+            versions: list[int] = []
+            for chunk in range(p.num_chunks):
+                await self._resume.wait()
+                version = self.version
+                await asyncio.sleep(latency / p.num_chunks)
+                lo, hi = chunk * n_tokens // p.num_chunks, (chunk + 1) * n_tokens // p.num_chunks
+                versions.extend([version] * (hi - lo))
+        finally:
+            self.running -= 1
+            if self.running == 0:
+                self._idle.set()
+        out = [(input_ids[0] + i) % 1000 for i in range(n_tokens)]
+        return GenerateResult(
+            rid=rid or "", output_ids=out, output_logprobs=[-1.0] * n_tokens, token_versions=versions,
+            finish_type="length", prompt_tokens=len(input_ids), weight_version=self.version,
+        )  # fmt: skip
+
+    async def pause_generation(self, mode: PauseMode) -> None:
+        self.calls.append(("pause", mode))
+        self.paused = mode
+        self._resume.clear()
+
+    async def continue_generation(self) -> None:
+        self.calls.append(("continue", None))
+        self.paused = None
+        self._resume.set()
+
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: int, *, flush_cache: bool, abort_all_requests: bool = False
+    ) -> None:
+        self.calls.append(("update", (model_path, weight_version, flush_cache)))
+        if flush_cache and self.paused == "in_place" and self.running:
+            raise RuntimeError("400: flush_cache with in_place-paused requests (SGLang refuses)")
+        if self.paused is None:
+            await self._idle.wait()  # SGLang: not paused, the update waits for in-flight requests
+        await asyncio.sleep(self.params.update_time_s)
+        self.version = weight_version
+
+    async def flush_cache(self) -> None:
+        self.calls.append(("flush", self.running))
+        if self.running:
+            raise RuntimeError("flush_cache refused: requests are running")
+
+    async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        self.calls.append(("abort", rid))
+
+    async def weight_version(self) -> int:
+        return self.version
+
+    async def health(self) -> bool:
+        return True
+
+
+class SimulatedRolloutSource:
+    """One `generate` per episode on the engine chosen by `engine_key`; reward from a seeded RNG."""
+
+    def __init__(self, *, engines: list[SimulatedEngine], params: SimParams, rng: random.Random):
+        self.engines = engines
+        self.params = params
+        self.rng = rng
+        self.started: list[int] = []
+
+    @property
+    def num_examples(self) -> int:
+        return self.params.num_examples
+
+    async def run_episode(self, *, example_id: int, engine_key: str, sampling: dict[str, Any]) -> Episode:
+        self.started.append(example_id)
+        engine = self.engines[zlib.crc32(engine_key.encode()) % len(self.engines)]
+        prompt = [example_id % 997 + 1] * self.params.prompt_len
+        res = await engine.generate(prompt, sampling)
+        n_prompt, n_out = len(prompt), len(res.output_ids)
+        ep = Episode(
+            example_id=example_id,
+            token_ids=prompt + res.output_ids,
+            loss_mask=[False] * n_prompt + [True] * n_out,
+            sampler_logprobs=[0.0] * n_prompt + res.output_logprobs,
+            token_versions=[-1] * n_prompt + res.token_versions,
+            reward=float(self.rng.random() < 0.5),
+        )
+        if self.rng.random() < self.params.error_rate:
+            ep.status, ep.error = "error", "simulated environment fault"
+        return ep
+
+
+class InMemoryBroadcasts:
+    """Versions published by the FakeTrainer; STABLE is implicit in `publish`."""
+
+    def __init__(self) -> None:
+        self.latest: int | None = None
+
+    def latest_stable(self) -> int | None:
+        return self.latest
+
+    def path(self, version: int) -> str:
+        return f"sim://broadcasts/step_{version}"
+
+
+@dataclass
+class SimulationResult:
+    trained: dict[int, list[Group]] = field(default_factory=dict)
+    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    batches: dict[int, TrainBatch] = field(default_factory=dict)
+    cancel_checks: int = 0
+    comps: Components | None = None
+    engines: list[SimulatedEngine] = field(default_factory=list)
+    source: SimulatedRolloutSource | None = None
+    elapsed_s: float = 0.0
+
+
+class FakeTrainer:
+    """Trains batch n for `train_time_s` (simulated), then publishes version n+1 and wakes the watcher."""
+
+    def __init__(self, *, broadcasts: InMemoryBroadcasts, train_time_s: float, max_off_policy_steps: int):
+        self.broadcasts = broadcasts
+        self.train_time_s = train_time_s
+        self.k = max_off_policy_steps
+        self.queue: asyncio.Queue[TrainBatch] = asyncio.Queue()
+        self.on_publish: list[Any] = []
+
+    async def send(self, batch: TrainBatch) -> None:
+        self.queue.put_nowait(batch)
+
+    async def run(self, start_step: int, max_steps: int) -> None:
+        for step in range(start_step, max_steps):
+            batch = await self.queue.get()
+            assert batch.step == step, f"trainer expected batch {step}, got {batch.step}"
+            assert step - batch.min_dispatch_version <= self.k, "trainer received a group staler than K"
+            await asyncio.sleep(self.train_time_s)
+            self.broadcasts.latest = step + 1
+            for callback in self.on_publish:
+                callback()
+
+
+def _instrument_caps(comps: Components) -> None:
+    """Assert both caps right after every admission (test instrumentation, not a mock)."""
+    adm, original = comps.admission, comps.admission.on_group_dispatched
+
+    def checked() -> None:
+        original()
+        buffered = adm.groups_not_returned + comps.sink.num_buffered_groups
+        assert buffered <= adm.max_buffered_groups, f"buffer cap exceeded: {buffered}"
+        if adm.granularity == "group":
+            assert adm.groups_not_returned <= adm.max_inflight_groups, "in-flight cap exceeded"
+        else:
+            assert adm.running_episodes <= adm.max_inflight_groups * adm.group_size, "in-flight cap exceeded"
+        assert adm.next_batch_step - adm.served_version <= adm.max_off_policy_steps, "K rule violated"
+
+    adm.on_group_dispatched = checked  # type: ignore[method-assign]
+
+
+def _instrument_cancel(comps: Components, result: SimulationResult) -> None:
+    """Check that a cancel hits exactly the in-flight groups that can no longer ship."""
+    disp, original = comps.dispatcher, comps.dispatcher.cancel_unshippable
+
+    def checked() -> list[int]:
+        k, nxt = comps.admission.max_off_policy_steps, comps.admission.next_batch_step
+        before = {gid: s.group.dispatch_version for gid, s in disp._inflight.items()}
+        cancelled = original()
+        expected = {gid for gid, d in before.items() if nxt - d > k}
+        assert set(cancelled) == expected, f"cancelled {sorted(cancelled)} != unshippable {sorted(expected)}"
+        assert set(disp._inflight) == set(before) - expected
+        result.cancel_checks += 1
+        return cancelled
+
+    disp.cancel_unshippable = checked  # type: ignore[method-assign]
+    comps.watcher.dispatcher = disp
+
+
+async def run_simulation(
+    cfg: OrchestratorConfig,
+    params: SimParams,
+    *,
+    broadcasts: InMemoryBroadcasts | None = None,
+    instrument: bool = True,
+) -> SimulationResult:
+    """Run the real orchestrator components against simulated engines and a fake trainer."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(params.seed)
+    engines = [SimulatedEngine(index=i, params=params, rng=rng) for i in range(params.num_engines)]
+    source = SimulatedRolloutSource(engines=engines, params=params, rng=rng)
+    broadcasts = broadcasts or InMemoryBroadcasts()
+    comps = build_components(
+        cfg, source=source, engines=engines, broadcasts=broadcasts, served_version=0, clock=loop.time
+    )
+    result = SimulationResult(comps=comps, engines=engines, source=source)
+    if instrument:
+        _instrument_caps(comps)
+        _instrument_cancel(comps, result)
+    trainer = FakeTrainer(
+        broadcasts=broadcasts, train_time_s=params.train_time_s, max_off_policy_steps=cfg.max_off_policy_steps
+    )
+    trainer.on_publish.append(comps.watcher.wake)
+
+    def on_step(step: int, groups: list[Group]) -> None:
+        result.trained[step] = groups
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        result.metrics[step] = metrics
+
+    async def send(batch: TrainBatch) -> None:
+        result.batches[batch.step] = batch
+        await trainer.send(batch)
+
+    start = loop.time()
+    trainer_task = asyncio.create_task(trainer.run(comps.start_step, cfg.max_steps))
+    try:
+        await run_loop(cfg, comps, send_batch=send, log_metrics=log_metrics, on_step=on_step, clock=loop.time)
+        await trainer_task
+    finally:
+        trainer_task.cancel()
+    result.elapsed_s = loop.time() - start
+    return result
