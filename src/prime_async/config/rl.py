@@ -1,0 +1,268 @@
+"""Config schema of `uv run rl`: one file for a whole run, split into the three component configs.
+
+`prime_async.entrypoints.rl` parses it (`rl @ rl.toml`, `rl @ rl.toml --trainer @ t.toml`,
+`rl @ rl.toml --trainer.optim.lr 1e-5`) and hands it to `prime_async.launcher.run`, which writes
+`inference`, `orchestrator` and `trainer` out as TOML and starts each command from its file.
+
+Propagation (done on the raw values before validation, so that each sub-config is validated once, with
+its final values):
+
+```
+ rl: model seq_len max_steps output_dir wandb log transport ──► every sub-config that has the field
+ inference.server.host/port (+ sglang.num_engines)          ──► orchestrator.inference.base_urls
+ inference.server.api_key                                   ──► orchestrator.inference.api_key
+ inference.engine / sglang max_running_requests             ──► orchestrator.inference.max_running_requests
+ orchestrator.max_off_policy_steps                          ──► trainer.max_off_policy_steps
+ trainer.num_processes                                      ──► orchestrator.num_train_ranks
+```
+
+Invariants:
+- after validation every propagated key holds the same value in source and target;
+- an explicit value in a target that differs from its source is an error naming both keys (setting the
+  same value twice is allowed); an invalid explicit value is left for pydantic to report;
+- all components share one `output_dir`, laid out as: `configs/` (the resolved sub-configs), `logs/`
+  (one log per component), `metrics/<component>.jsonl`, `broadcasts/step_<n>/` (trainer writes, the
+  orchestrator reads), `checkpoints/`.
+This module imports the three component schemas, so a broken schema breaks only `rl` and its own command.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
+
+from prime_async.config.base import BaseConfig
+from prime_async.config.inference import InferenceConfig
+from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.config.shared import DEFAULT_OUTPUT_DIR, LogConfig, ModelConfig, TransportConfig, WandbConfig
+from prime_async.config.trainer import TrainerConfig
+
+KeyPath = tuple[str, ...]
+SUBSECTIONS: dict[str, type[BaseModel]] = {
+    "inference": InferenceConfig,
+    "orchestrator": OrchestratorConfig,
+    "trainer": TrainerConfig,
+}
+SHARED_FIELDS = ("model", "seq_len", "max_steps", "output_dir", "wandb", "log", "transport")
+_UNSPECIFIED_HOSTS = {"0.0.0.0", "::"}
+
+
+class RLConfig(BaseConfig):
+    """`uv run rl @ rl.toml`: shared run settings plus the inference, orchestrator and trainer sections."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model of every component.")
+    seq_len: int = Field(2048, ge=8, description="Max tokens of one sample / micro-batch (all components).")
+    max_steps: int = Field(20, ge=1, description="Trainer steps (= batches the orchestrator produces).")
+    output_dir: Path = Field(
+        DEFAULT_OUTPUT_DIR,
+        description="Run directory shared by all components: configs/, logs/, metrics/, broadcasts/, "
+        "checkpoints/.",
+    )
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="wandb logging of every component.")
+    log: LogConfig = Field(default_factory=LogConfig, description="Console logging of every component.")
+    transport: TransportConfig = Field(
+        default_factory=TransportConfig, description="ZeroMQ batch stream orchestrator -> trainer."
+    )
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="How long `rl` waits for inference to be healthy before failing."
+    )
+    inference: InferenceConfig = Field(
+        default_factory=InferenceConfig,
+        description="Inference section (shared fields come from the top level; `--inference @ file.toml`).",
+    )
+    orchestrator: OrchestratorConfig = Field(
+        default_factory=OrchestratorConfig,
+        description="Orchestrator section (shared fields come from the top level; `--orchestrator @ f`).",
+    )
+    trainer: TrainerConfig = Field(
+        default_factory=TrainerConfig,
+        description="Trainer section (shared fields come from the top level; `--trainer @ file.toml`).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _propagate(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {key: _as_raw(value) for key, value in data.items()}
+        subs = {name: dict(data.get(name) or {}) for name in SUBSECTIONS}
+        for name in SHARED_FIELDS:
+            _propagate_shared(cls, data, subs, name)
+        _propagate_links(subs)
+        data.update(subs)
+        return data
+
+
+# -------------------------------------------------------------------------------------------- raw data
+
+
+class _Unresolved(Exception):
+    """A source value that does not validate: nothing is propagated, pydantic reports it later."""
+
+
+def _as_raw(value: Any) -> Any:
+    """Sub-configs given as model instances (Python callers) become dicts of their explicitly set values."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(exclude_unset=True)
+    if isinstance(value, dict):
+        return {key: _as_raw(item) for key, item in value.items()}
+    return value
+
+
+def _adapter(info: Any) -> TypeAdapter:
+    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    return TypeAdapter(annotation)
+
+
+def _field(cls: type[BaseModel], path: KeyPath) -> Any | None:
+    """FieldInfo at `path` inside `cls` (through nested models), or None when the schema has no such key."""
+    info = None
+    current: type[BaseModel] | None = cls
+    for segment in path:
+        if current is None or segment not in current.model_fields:
+            return None
+        info = current.model_fields[segment]
+        annotation = info.annotation
+        current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return info
+
+
+def _get(raw: dict[str, Any], path: KeyPath) -> tuple[bool, Any]:
+    node: Any = raw
+    for segment in path:
+        if not isinstance(node, dict) or segment not in node:
+            return False, None
+        node = node[segment]
+    return True, node
+
+
+def _put(raw: dict[str, Any], path: KeyPath, value: Any) -> None:
+    node = raw
+    for segment in path[:-1]:
+        child = node.get(segment)
+        node[segment] = child = dict(child) if isinstance(child, dict) else {}
+        node = child
+    node[path[-1]] = value
+
+
+def resolved(cls: type[BaseModel], raw: dict[str, Any], path: KeyPath) -> Any:
+    """The value `cls` will hold at `path` given `raw`: the validated explicit value, else the default."""
+    info = _field(cls, path)
+    assert info is not None, f"{cls.__name__} has no key {'.'.join(path)}"
+    present, value = _get(raw, path)
+    if not present:
+        return info.get_default(call_default_factory=True, validated_data={})
+    try:
+        return _adapter(info).validate_python(value)
+    except ValidationError:
+        raise _Unresolved from None
+
+
+# ---------------------------------------------------------------------------------------- propagation
+
+
+def _propagate_shared(cls: type[BaseModel], data: dict[str, Any], subs: dict[str, dict], name: str) -> None:
+    try:
+        value = resolved(cls, data, (name,))
+    except _Unresolved:
+        return
+    for sub_name, sub_cls in SUBSECTIONS.items():
+        _assign(sub_cls, subs[sub_name], (name,), value, target=f"{sub_name}.{name}", source=name)
+
+
+def _propagate_links(subs: dict[str, dict]) -> None:
+    inference, orchestrator, trainer = subs["inference"], subs["orchestrator"], subs["trainer"]
+    links: list[tuple[str, KeyPath, str, Callable[[], Any]]] = [
+        ("orchestrator", ("inference", "base_urls"), "inference.server.host/port",
+         lambda: engine_urls(inference)),
+        ("orchestrator", ("inference", "api_key"), "inference.server.api_key",
+         lambda: _inf(inference, ("server", "api_key"))),
+        ("orchestrator", ("inference", "max_running_requests"), "inference max_running_requests",
+         lambda: engine_capacity(inference)),
+        ("trainer", ("max_off_policy_steps",), "orchestrator.max_off_policy_steps",
+         lambda: resolved(OrchestratorConfig, orchestrator, ("max_off_policy_steps",))),
+        ("orchestrator", ("num_train_ranks",), "trainer.num_processes",
+         lambda: resolved(TrainerConfig, trainer, ("num_processes",))),
+    ]  # fmt: skip
+    for target_name, path, source, compute in links:
+        try:
+            value = compute()
+        except _Unresolved:
+            continue
+        if value is not None:
+            target = f"{target_name}.{'.'.join(path)}"
+            _assign(SUBSECTIONS[target_name], subs[target_name], path, value, target=target, source=source)
+
+
+def _inf(inference: dict[str, Any], path: KeyPath) -> Any:
+    return resolved(InferenceConfig, inference, path)
+
+
+def engine_urls(inference: dict[str, Any]) -> list[str]:
+    """Base URLs of the engines `inference` serves: one, or `sglang.num_engines` on consecutive ports."""
+    host = _inf(inference, ("server", "host"))
+    port = _inf(inference, ("server", "port"))
+    engines = _inf(inference, ("sglang", "num_engines")) if _inf(inference, ("backend",)) == "sglang" else 1
+    if host in _UNSPECIFIED_HOSTS:  # bound to every interface: reach it over loopback
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    if _is_ipv6(host):
+        host = f"[{host}]"
+    return [f"http://{host}:{port + i}" for i in range(engines)]
+
+
+def engine_capacity(inference: dict[str, Any]) -> int | None:
+    """Requests one engine runs at once, when the inference config fixes it (SGLang may choose itself)."""
+    if _inf(inference, ("backend",)) == "sglang":
+        return _inf(inference, ("sglang", "max_running_requests"))
+    return _inf(inference, ("engine", "max_running_requests"))
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def _assign(
+    target_cls: type[BaseModel], raw: dict[str, Any], path: KeyPath, value: Any, *, target: str, source: str
+) -> None:
+    """Set `raw[path] = value` unless the schema lacks the key; an explicit different value is an error."""
+    info = _field(target_cls, path)
+    if info is None:
+        return
+    present, explicit = _get(raw, path)
+    if present:
+        try:
+            explicit_value = _adapter(info).validate_python(explicit)
+        except ValidationError:
+            return  # keep the invalid value: pydantic names it precisely
+        conflict = _first_conflict(explicit, explicit_value, value)
+        if conflict is not None:
+            sub, mine, theirs = conflict
+            raise ValueError(
+                f"{target}{sub} = {mine!r} conflicts with {source}{sub} = {theirs!r}: rl copies {source} "
+                f"into {target}, so set only {source}{sub}"
+            )
+    _put(raw, path, value.model_dump() if isinstance(value, BaseModel) else value)
+
+
+def _first_conflict(
+    explicit_raw: Any, explicit: Any, value: Any, sub: str = ""
+) -> tuple[str, Any, Any] | None:
+    """(sub-key, explicit, propagated) of the first explicitly given leaf that differs, or None."""
+    if isinstance(explicit, BaseModel) and isinstance(value, BaseModel) and isinstance(explicit_raw, dict):
+        for key, raw_item in explicit_raw.items():
+            found = _first_conflict(raw_item, getattr(explicit, key), getattr(value, key), f"{sub}.{key}")
+            if found is not None:
+                return found
+        return None
+    return None if explicit == value else (sub, _plain(explicit), _plain(value))
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
