@@ -1,0 +1,114 @@
+"""Full training-state checkpoints for `--resume`: `output_dir/checkpoints/step_{n}/`.
+
+`step_{n}` holds the state after n optimizer steps (the next batch to train is n; the weights are version
+n): model and optimizer (full, unsharded state dicts, so a different world size can resume), LR scheduler,
+step, and the torch RNG states. Called by the trainer's main loop on every rank (gathering the state is a
+collective); rank 0 writes.
+
+Invariants:
+- atomic: written under `checkpoints/.tmp_step_{n}`, `COMPLETE` written last, then renamed;
+- `latest_checkpoint` returns the newest directory with `COMPLETE`; newer incomplete ones are skipped
+  with a warning, never loaded;
+- files are read with `torch.load(weights_only=True)` (no arbitrary pickle execution).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+logger = logging.getLogger(__name__)
+
+COMPLETE = "COMPLETE"
+STATE_FILE = "trainer.pt"
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def checkpoint_steps(output_dir: Path) -> list[int]:
+    """Steps of complete checkpoints, ascending."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    steps = []
+    for p in root.iterdir():
+        if p.name.startswith("step_") and p.name[5:].isdigit():
+            if (p / COMPLETE).is_file():
+                steps.append(int(p.name[5:]))
+            else:
+                logger.warning("skipping incomplete checkpoint %s (no %s marker)", p, COMPLETE)
+    return sorted(steps)
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    steps = checkpoint_steps(output_dir)
+    return Path(output_dir) / "checkpoints" / f"step_{steps[-1]}" if steps else None
+
+
+def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded model state dict on CPU (collective under FSDP; every rank gets it)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_checkpoint(*, output_dir: Path, step: int, model, optimizer, scheduler, keep: int | None) -> None:
+    """Collective: gather full states, rank 0 writes `checkpoints/step_{step}` atomically."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = {
+        "step": step,
+        "model": get_model_state_dict(model, options=options),
+        "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+        "scheduler": scheduler.state_dict(),
+        "rng": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state()
+    if _is_rank0():
+        root = Path(output_dir) / "checkpoints"
+        tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        torch.save(state, tmp / STATE_FILE)
+        with (tmp / STATE_FILE).open("rb") as fh:
+            os.fsync(fh.fileno())
+        (tmp / COMPLETE).write_text(f"{step}\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        if keep is not None:
+            for old in checkpoint_steps(output_dir)[:-keep]:
+                shutil.rmtree(root / f"step_{old}", ignore_errors=True)
+        logger.info("checkpoint saved: %s", final)
+    _barrier()
+
+
+def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> int:
+    """Restore every rank from `path`; returns the next step to train."""
+    state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, state["model"], options=options)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_rng"])
+    logger.info("resumed from %s (next step %d)", path, state["step"])
+    return int(state["step"])

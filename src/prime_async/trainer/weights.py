@@ -1,0 +1,114 @@
+"""Publish weight versions to the filesystem: `output_dir/broadcasts/step_{n}/` (HF safetensors dir).
+
+Called by the trainer's main loop on rank 0 after step n-1, with the full (unsharded) state dict.
+
+Invariants:
+- a version directory is written under `broadcasts/.tmp_step_{n}`, `STABLE` is written last inside it, then
+  it is renamed to `step_{n}`: a reader that sees `step_{n}/STABLE` sees complete files;
+- it holds `model.safetensors` (tied weights stored once, as `save_pretrained` does), `config.json`,
+  `generation_config.json` and the tokenizer files of the source model: loadable by transformers'
+  `from_pretrained` and SGLang's `/update_weights_from_disk`;
+- retention: the `keep_last` (>= 2) newest versions are never deleted, so the version the orchestrator is
+  loading (the newest) and the one before it (possibly still being loaded by a slow engine) survive;
+  versions of checkpoint steps are kept too; everything older is deleted.
+
+`WeightBroadcastHook` is the hook point for an in-memory NCCL broadcast to GPU engines; only the
+filesystem path is implemented here (`NcclBroadcastHook` is an interface stub that refuses to run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from safetensors.torch import save_file
+
+logger = logging.getLogger(__name__)
+
+STABLE = "STABLE"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "added_tokens.json",
+    "generation_config.json",
+)
+
+
+class WeightBroadcastHook(Protocol):
+    """Called on every rank after a version is published (e.g. NCCL broadcast to inference engines)."""
+
+    def on_weights(self, *, version: int, model: torch.nn.Module) -> None: ...
+
+
+class NcclBroadcastHook:
+    """Interface only: an NCCL weight broadcast to engines is not implemented yet (filesystem is)."""
+
+    def on_weights(self, *, version: int, model: torch.nn.Module) -> None:
+        raise NotImplementedError("NCCL weight broadcast is not implemented; use the filesystem broadcasts")
+
+
+def broadcast_dir(output_dir: Path, version: int) -> Path:
+    return Path(output_dir) / "broadcasts" / f"step_{version}"
+
+
+def _step_of(path: Path) -> int | None:
+    name = path.name
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+
+
+def _fsync_dir_files(path: Path) -> None:
+    for f in path.iterdir():
+        with f.open("rb") as fh:
+            os.fsync(fh.fileno())
+
+
+class WeightPublisher:
+    """Writes weight versions atomically and prunes old ones by the retention rule above."""
+
+    def __init__(self, *, output_dir: Path, model_config, source_dir: str | Path, keep_last: int):
+        assert keep_last >= 2, "keep_last < 2 could delete a version the orchestrator is still loading"
+        self.root = Path(output_dir) / "broadcasts"
+        self.model_config = model_config
+        self.source_dir = Path(source_dir)
+        self.keep_last = keep_last
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int, *, protected: Iterable[int] = ()) -> Path:
+        """Write version `version` from a full state dict (rank 0 only), then prune."""
+        final = self.root / f"step_{version}"
+        tmp = self.root / f".tmp_step_{version}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+        if getattr(self.model_config, "tie_word_embeddings", False):
+            tensors.pop("lm_head.weight", None)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        self.model_config.save_pretrained(tmp)
+        for name in TOKENIZER_FILES:
+            if (self.source_dir / name).is_file():
+                shutil.copy2(self.source_dir / name, tmp / name)
+        _fsync_dir_files(tmp)
+        (tmp / STABLE).write_text(f"{version}\n")
+        if final.exists():  # re-published after a resume: replace the old copy of the same version
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self.prune(protected)
+        return final
+
+    def prune(self, protected: Iterable[int] = ()) -> list[int]:
+        versions = sorted(s for p in self.root.iterdir() if (s := _step_of(p)) is not None)
+        keep = set(versions[-self.keep_last :]) | set(protected)
+        removed = [v for v in versions if v not in keep]
+        for v in removed:
+            shutil.rmtree(self.root / f"step_{v}", ignore_errors=True)
+        return removed
