@@ -1,0 +1,301 @@
+"""Token-in/token-out gateway: serves vLLM's `POST /inference/v1/generate` for verifiers' train client and
+forwards each call to SGLang's native `/generate` on one engine (through `EngineClient.generate`).
+
+    verifiers TrainClient ──POST {base}/inference/v1/generate {"model": <episode key>, "token_ids", ...}──►
+    Gateway ── route by the `model` field to the episode's engine (sticky) ──► EngineClient.generate
+            ◄── vLLM-shaped answer (choices[0].token_ids / logprobs.content / finish_reason) ──┘
+            └── records (prompt_ids, output_ids, logprobs, versions) on the episode's session
+
+Who calls it: `orchestrator/envs.py` opens one `GatewaySession` per episode and hands its `key` to
+verifiers as the model name; `close_session` forgets it.
+
+Invariants:
+- every call of one session goes to the same engine (sticky routing by the session's `engine_key`);
+- each answer's `logprobs.content` has exactly one entry per returned token, `token == "token_id:<id>"`;
+- a session's `calls` are recorded in completion order with the per-token versions the engine reported;
+- prompt + completion never exceed `seq_len`: `max_tokens` is clamped, and a prompt that already fills
+  `seq_len` is answered with zero tokens and `finish_reason="length"` (the session is marked truncated);
+- a cancelled session's in-flight requests are aborted on its engine and later calls are refused (409).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import socket
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from prime_async.inference.types import EngineClient, GenerateResult
+
+logger = logging.getLogger(__name__)
+
+GENERATE_ROUTE = "/inference/v1/generate"
+# vLLM sampling keys verifiers/renderers send that SGLang's `/generate` knows under another name or
+# not at all (`logprobs`: SGLang takes `return_logprob` at the request level, which we always set).
+_RENAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens"}
+_DROPPED = {"logprobs", "prompt_logprobs", "n", "seed_offset"}
+_SGLANG_KEYS = {
+    "temperature", "top_p", "top_k", "min_p", "max_new_tokens", "stop", "stop_token_ids",
+    "skip_special_tokens", "spaces_between_special_tokens", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "min_new_tokens", "ignore_eos", "no_stop_trim", "seed", "sampling_seed",
+}  # fmt: skip
+
+
+@dataclass
+class GatewayCall:
+    """One completed generate call of an episode."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    token_versions: list[int]
+    finish_type: str
+    weight_version: int
+
+
+@dataclass
+class GatewaySession:
+    """Per-episode routing + recording state. `key` is what verifiers sends as the `model` field."""
+
+    key: str
+    engine_index: int
+    sampling: dict[str, Any]
+    calls: list[GatewayCall] = field(default_factory=list)
+    inflight: set[str] = field(default_factory=set)
+    truncated: bool = False
+    aborted: bool = False
+    cancelled: bool = False
+    num_errors: int = 0
+
+
+def to_sglang_sampling(params: dict[str, Any]) -> dict[str, Any]:
+    """vLLM/OpenAI-style sampling params -> SGLang `sampling_params` (unknown keys are dropped)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        key = _RENAMES.get(key, key)
+        if key in _DROPPED or value is None:
+            continue
+        if key in _SGLANG_KEYS:
+            out[key] = value
+    return out
+
+
+def vllm_response(result: GenerateResult, rid: str) -> dict[str, Any]:
+    """The vLLM `/inference/v1/generate` answer verifiers' renderers client parses."""
+    finish = result.finish_type if result.finish_type in ("stop", "length") else "abort"
+    return {
+        "request_id": rid,
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": result.output_ids,
+                "logprobs": {
+                    "content": [
+                        {"token": f"token_id:{tid}", "logprob": lp}
+                        for tid, lp in zip(result.output_ids, result.output_logprobs, strict=True)
+                    ]
+                },
+                "finish_reason": finish,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": len(result.output_ids),
+            "total_tokens": result.prompt_tokens + len(result.output_ids),
+        },
+    }
+
+
+class GatewayError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Gateway:
+    """HTTP gateway on 127.0.0.1 (free port by default) in front of a list of engines."""
+
+    def __init__(
+        self, *, engines: list[EngineClient], seq_len: int, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        if not engines:
+            raise ValueError("gateway needs at least one engine")
+        self.engines = engines
+        self.seq_len = seq_len
+        self.host = host
+        self.port = port
+        self.sessions: dict[str, GatewaySession] = {}
+        self._ids = itertools.count()
+        self._server: Any = None
+        self._serve_task: asyncio.Task[None] | None = None
+        self.num_requests = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    def engine_for(self, engine_key: str) -> int:
+        """Sticky engine choice: an engine's index or base_url picks it, anything else hashes."""
+        for i, engine in enumerate(self.engines):
+            if engine_key == engine.base_url:
+                return i
+        if engine_key.isdigit() and int(engine_key) < len(self.engines):
+            return int(engine_key)
+        return zlib.crc32(engine_key.encode()) % len(self.engines)
+
+    def open_session(self, *, engine_key: str, sampling: dict[str, Any] | None = None) -> GatewaySession:
+        key = f"ep-{next(self._ids)}"
+        session = GatewaySession(key=key, engine_index=self.engine_for(engine_key), sampling=dict(sampling or {}))
+        self.sessions[key] = session
+        return session
+
+    def close_session(self, key: str) -> None:
+        self.sessions.pop(key, None)
+
+    async def cancel_session(self, key: str) -> None:
+        """Refuse further calls of the session and abort its in-flight engine requests."""
+        session = self.sessions.get(key)
+        if session is None:
+            return
+        session.cancelled = True
+        engine = self.engines[session.engine_index]
+        for rid in list(session.inflight):
+            try:
+                await engine.abort_request(rid)
+            except Exception:  # tolerated: the request may have finished or the engine be gone
+                logger.warning("abort of %s on %s failed", rid, engine.base_url, exc_info=True)
+
+    # --- the route --------------------------------------------------------------------------------
+
+    async def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Handle one `/inference/v1/generate` body; raises GatewayError for client errors."""
+        session = self.sessions.get(str(body.get("model")))
+        if session is None:
+            raise GatewayError(404, f"unknown episode key (model) {body.get('model')!r}")
+        if session.cancelled:
+            raise GatewayError(409, f"episode {session.key} was cancelled")
+        prompt_ids = body.get("token_ids")
+        if not isinstance(prompt_ids, list) or not all(isinstance(t, int) for t in prompt_ids):
+            raise GatewayError(400, "token_ids must be a list of ints")
+        sampling = to_sglang_sampling(dict(body.get("sampling_params") or {}))
+        sampling.update(to_sglang_sampling(session.sampling))
+        budget = self.seq_len - len(prompt_ids)
+        requested = sampling.get("max_new_tokens")
+        max_new = budget if requested is None else min(int(requested), budget)
+        rid = f"{session.key}-{len(session.calls)}-{next(self._ids)}"
+        self.num_requests += 1
+        if max_new <= 0:
+            session.truncated = True
+            empty = GenerateResult(rid, [], [], [], "length", len(prompt_ids), -1)
+            return vllm_response(empty, rid)
+        sampling["max_new_tokens"] = max_new
+        result = await self._call_engine(session, prompt_ids, sampling, rid)
+        return vllm_response(result, rid)
+
+    async def _call_engine(
+        self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str
+    ) -> GenerateResult:
+        engine = self.engines[session.engine_index]
+        session.inflight.add(rid)
+        try:
+            result = await engine.generate(prompt_ids, sampling, rid=rid)
+        except Exception as e:
+            session.num_errors += 1
+            raise GatewayError(502, f"engine {engine.base_url} failed: {type(e).__name__}: {e}") from e
+        finally:
+            session.inflight.discard(rid)
+        bad = [lp for lp in result.output_logprobs if not math.isfinite(lp)]
+        if len(result.output_logprobs) != len(result.output_ids) or bad:
+            session.num_errors += 1
+            raise GatewayError(502, f"engine {engine.base_url} returned misaligned or non-finite logprobs")
+        if result.finish_type == "abort":
+            session.aborted = True
+        if result.finish_type == "length" and len(prompt_ids) + len(result.output_ids) >= self.seq_len:
+            session.truncated = True
+        versions = result.token_versions or [result.weight_version] * len(result.output_ids)
+        session.calls.append(
+            GatewayCall(
+                prompt_ids=list(prompt_ids),
+                output_ids=list(result.output_ids),
+                output_logprobs=list(result.output_logprobs),
+                token_versions=list(versions),
+                finish_type=result.finish_type,
+                weight_version=result.weight_version,
+            )
+        )
+        return result
+
+    # --- HTTP server ------------------------------------------------------------------------------
+
+    def _app(self) -> FastAPI:
+        app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.post(GENERATE_ROUTE)
+        async def generate(request: Request) -> JSONResponse:
+            try:
+                body = await request.json()
+            except ValueError:
+                return JSONResponse({"error": "body is not JSON"}, status_code=400)
+            try:
+                return JSONResponse(await self.generate(body))
+            except GatewayError as e:
+                return JSONResponse({"error": str(e)}, status_code=e.status)
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            # verifiers' renderers client asks for `max_model_len` to refuse overlong prompts up front.
+            return {"object": "list", "data": [{"id": k, "max_model_len": self.seq_len} for k in self.sessions]}
+
+        @app.get("/health")
+        async def health() -> dict[str, str]:
+            return {"status": "ok"}
+
+        return app
+
+    async def start(self) -> None:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self._app(), log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._serve_task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
+        deadline = asyncio.get_running_loop().time() + 30
+        while not self._server.started:
+            if self._serve_task.done():
+                self._serve_task.result()
+                raise RuntimeError("gateway server exited during startup")
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError("gateway did not start within 30 s")
+            await asyncio.sleep(0.01)
+        logger.info("gateway listening on %s", self.base_url)
+
+    async def stop(self) -> None:
+        for key in list(self.sessions):
+            await self.cancel_session(key)
+        if self._server is not None and self._serve_task is not None:
+            self._server.should_exit = True
+            try:
+                await asyncio.wait_for(self._serve_task, timeout=10)
+            except TimeoutError:
+                self._serve_task.cancel()
+        self._server = None
+        self._serve_task = None
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
