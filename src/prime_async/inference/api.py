@@ -1,0 +1,140 @@
+"""Request schemas and response shapes of the SGLang 0.5.x native API subset the engine serves.
+
+Used by `inference/server.py`. Shapes follow SGLang with `--skip-tokenizer-init` (token ids only, no
+`text`): `/generate` answers `{"output_ids", "meta_info"}` (a list of those for a batch) with
+`meta_info.output_token_logprobs` items `[logprob, token_id, null]` and `meta_info.weight_versions`
+spans `{"version", "start", "end"}` (end exclusive) over output positions; versions are strings as in
+SGLang. Unlike SGLang (which ignores them) unknown fields are rejected: a typo must not silently change
+sampling.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from prime_async.inference.engine import RequestOutput
+from prime_async.inference.sampler import SamplingParams
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingParamsIn(_Strict):
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    sampling_seed: int | None = None
+    n: Literal[1] = 1
+    stop: list[str] | None = Field(None, max_length=0, description="Strings need a tokenizer: unsupported.")
+    skip_special_tokens: bool = True  # accepted for compatibility: no detokenization happens here
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v != -1 and v < 1:
+            raise ValueError("top_k must be -1 (disabled) or >= 1")
+        return v
+
+    def to_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=self.top_k, min_p=self.min_p, stop_token_ids=frozenset(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos, sampling_seed=self.sampling_seed,
+        )  # fmt: skip
+
+
+class GenerateReqInput(_Strict):
+    input_ids: list[int] | list[list[int]]
+    sampling_params: SamplingParamsIn | list[SamplingParamsIn] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: Literal[0] = 0
+    return_text_in_logprobs: bool = False
+    rid: str | list[str] | None = None
+    stream: Literal[False] = False
+
+    def items(self) -> list[tuple[list[int], SamplingParamsIn, bool, str | None]]:
+        """Split into single requests; raise ValueError on inconsistent batch fields."""
+        batched = bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        prompts: list[list[int]] = self.input_ids if batched else [self.input_ids]  # type: ignore[list-item]
+        n = len(prompts)
+        if n == 0:
+            raise ValueError("input_ids is empty")
+        params = _per_item(self.sampling_params or SamplingParamsIn(), n, "sampling_params")
+        logprob = _per_item(self.return_logprob, n, "return_logprob")
+        rids = _per_item(self.rid, n, "rid")
+        if batched and self.rid is not None and not isinstance(self.rid, list):
+            raise ValueError("rid must be a list with one id per prompt for a batch")
+        return list(zip(prompts, params, logprob, rids, strict=True))
+
+
+def _per_item(value: Any, n: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} items for {n} prompts")
+        return value
+    return [value] * n
+
+
+class PauseReqInput(_Strict):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class UpdateWeightsFromDiskReqInput(_Strict):
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    token_step: int = 0
+
+    @field_validator("weight_version", mode="before")
+    @classmethod
+    def _version_str(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class AbortReqInput(_Strict):
+    rid: str = ""
+    abort_all: bool = False
+
+
+def version_spans(versions: list[str]) -> list[dict[str, Any]]:
+    """Per-token versions -> runs `{"version", "start", "end"}` (end exclusive)."""
+    spans: list[dict[str, Any]] = []
+    for i, v in enumerate(versions):
+        if spans and spans[-1]["version"] == v:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": v, "start": i, "end": i + 1})
+    return spans
+
+
+def generate_response(out: RequestOutput, return_logprob: bool) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": out.rid,
+        "finish_reason": out.finish_reason,
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": len(out.output_ids),
+        "cached_tokens": 0,
+        "weight_version": out.weight_version,
+        "weight_versions": version_spans(out.versions),
+        "e2e_latency": out.latency_s,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, t, None] for lp, t in zip(out.logprobs, out.output_ids, strict=True)
+        ]
+    return {"output_ids": out.output_ids, "meta_info": meta}

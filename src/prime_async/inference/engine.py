@@ -1,0 +1,389 @@
+"""Embedded inference engine: token ids in, token ids + logprobs + per-token weight versions out.
+
+Called by `inference/server.py` (HTTP, SGLang shapes) from its asyncio loop; all model work happens in
+one dedicated engine thread, so the event loop (and /health, /abort_request, ...) stays responsive.
+
+    asyncio handlers ──submit──► inbox ──► waiting (FIFO) ──admit: prefill, ≤ max_prefill_tokens/step──►
+        running slots 0..B-1 ──one batched decode step──► finished ──future.set_result──► handler
+    commands (pause/continue/update/flush/abort) run on the engine thread between two steps.
+
+Invariants:
+- New requests join the running batch between decode steps (continuous batching); at most
+  `max_running_requests` decode together, the rest wait in FIFO order.
+- Every output token records the weight version live when it was sampled.
+- pause `abort` ends running and waiting requests with finish `abort` and their partial output;
+  `retract` moves running requests back to the head of the queue keeping their tokens (their KV is
+  recomputed under the weights live at re-admission); `in_place` keeps their KV. While paused nothing
+  is admitted or decoded.
+- `update_weights` runs only while paused or with no running request (otherwise it waits for the running
+  ones to finish and admits nothing meanwhile); invalid weights raise ValueError and change nothing.
+- Every submitted request is resolved exactly once (result or exception), also on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from prime_async.inference.model_runner import ModelRunner
+from prime_async.inference.sampler import SamplingParams, sample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestOutput:
+    """What one finished request produced; `versions[i]` is the weight version of `output_ids[i]`."""
+
+    rid: str
+    prompt_tokens: int
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[str]
+    finish_reason: dict[str, Any]
+    latency_s: float
+    weight_version: str
+
+
+@dataclass
+class _Request:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    generator: torch.Generator | None
+    created: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)
+
+    @property
+    def kv_len(self) -> int:
+        """Positions whose KV is cached once the last sampled token is pending as the next input."""
+        return len(self.prompt) + len(self.output_ids) - 1
+
+
+class _Defer(Exception):
+    """A command that must wait until no request is running (update without pause)."""
+
+
+class Engine:
+    """Continuous-batching engine over a `ModelRunner`; all public methods are coroutine-safe."""
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        dtype: str = "auto",
+        device: str = "auto",
+        max_running_requests: int = 64,
+        max_prefill_tokens: int = 4096,
+        max_len: int = 2048,
+        kv_cache_chunk: int = 256,
+        num_threads: int = 1,
+        seed: int = 0,
+        weight_version: str = "0",
+    ):
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            torch.set_num_threads(num_threads)
+        self.runner = ModelRunner(
+            model_path=model_path, dtype=dtype, device=device,
+            num_slots=max_running_requests, max_len=max_len, chunk=kv_cache_chunk,
+        )  # fmt: skip
+        self.model_path = model_path
+        self.max_len = max_len
+        self.max_prefill_tokens = max_prefill_tokens
+        self.vocab_size = self.runner.vocab_size
+        eos = self.runner.model.config.eos_token_id
+        gen_eos = getattr(getattr(self.runner.model, "generation_config", None), "eos_token_id", None)
+        self.eos_ids = {
+            e for x in (eos, gen_eos) if x is not None for e in (x if isinstance(x, list) else [x])
+        }
+        self.weight_version = str(weight_version)
+        self.paused = False
+        self._generator = torch.Generator(device=self.runner.device).manual_seed(seed)
+        self._inbox: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future, Any]] = queue.SimpleQueue()
+        self._deferred: list[tuple[Callable[[], Any], asyncio.Future, Any]] = []
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self.num_generated_tokens = 0
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "engine thread did not stop"
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- public API (asyncio side) -------------------------------------------------------------------
+    async def generate(
+        self, input_ids: list[int], params: SamplingParams, rid: str | None = None
+    ) -> RequestOutput:
+        loop = asyncio.get_running_loop()
+        gen = None
+        if params.sampling_seed is not None:
+            gen = torch.Generator(device=self.runner.device).manual_seed(params.sampling_seed)
+        req = _Request(rid or uuid.uuid4().hex, list(input_ids), params, loop.create_future(), loop, gen)
+        self._inbox.put(req)
+        self._wake.set()
+        return await req.future
+
+    async def pause(self, mode: Literal["abort", "retract", "in_place"]) -> None:
+        await self._call(lambda: self._pause(mode))
+
+    async def resume(self) -> None:
+        await self._call(self._resume)
+
+    async def update_weights(
+        self, model_path: str, version: str | None, *, flush_cache: bool, abort_all: bool
+    ) -> tuple[bool, str, int]:
+        """-> (success, message, num_paused_requests). Raises ValueError on invalid weights."""
+        if abort_all:
+            await self.abort(None, abort_all=True)
+        return await self._call(lambda: self._update(model_path, version, flush_cache))
+
+    async def flush_cache(self) -> bool:
+        return await self._call(self._flush)
+
+    async def abort(self, rid: str | None, *, abort_all: bool = False) -> None:
+        await self._call(lambda: self._abort(rid, abort_all))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "num_running_reqs": len(self._running),
+            "num_waiting_reqs": len(self._waiting) + self._inbox.qsize(),
+            "num_generated_tokens": self.num_generated_tokens,
+            "paused": self.paused,
+        }
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._commands.put((fn, fut, loop))
+        self._wake.set()
+        return await fut
+
+    # ---- engine thread -------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop:
+            self._wake.clear()
+            try:
+                self._drain_inbox()
+                self._run_commands()
+                can_admit = bool(self._waiting) and not self.paused and not self._deferred
+                can_decode = bool(self._running) and not self.paused
+                if not (can_admit or can_decode):
+                    self._wake.wait(timeout=1.0)
+                    continue
+                if can_admit:
+                    self._admit()
+                if self._running:
+                    self._decode_step()
+            except Exception as exc:  # tolerated: fail the affected requests, keep serving others
+                logger.exception("engine step failed; failing %d running requests", len(self._running))
+                for req in self._running:
+                    self._reject(req, RuntimeError(f"engine step failed: {exc}"))
+                self._running.clear()
+        self._shutdown()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                self._waiting.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _run_commands(self) -> None:
+        pending, self._deferred = self._deferred, []
+        while True:
+            try:
+                pending.append(self._commands.get_nowait())
+            except queue.Empty:
+                break
+        for fn, fut, loop in pending:
+            try:
+                result = fn()
+            except _Defer:
+                self._deferred.append((fn, fut, loop))
+                continue
+            except Exception as exc:  # delivered to the caller (HTTP 4xx/5xx), engine keeps serving
+                loop.call_soon_threadsafe(_set_exception, fut, exc)
+                continue
+            loop.call_soon_threadsafe(_set_result, fut, result)
+
+    def _admit(self) -> None:
+        budget = self.max_prefill_tokens
+        admitted = 0
+        while self._waiting and len(self._running) < self.runner.num_slots:
+            req = self._waiting[0]
+            tokens = req.prompt + req.output_ids[:-1] if req.output_ids else req.prompt
+            if admitted and len(tokens) > budget:
+                break
+            self._waiting.popleft()
+            slot = len(self._running)
+            logits = self.runner.prefill(tokens, slot)
+            self._running.append(req)
+            budget -= len(tokens)
+            admitted += 1
+            if not req.output_ids:  # fresh request: its first token comes from the prefill logits
+                self._append_tokens([req], logits[None])
+        self._remove_finished()
+
+    def _decode_step(self) -> None:
+        dev = self.runner.device
+        ids = torch.tensor([r.output_ids[-1] for r in self._running], device=dev)
+        pos = torch.tensor([r.kv_len for r in self._running], device=dev)
+        logits = self.runner.decode(ids, pos)
+        self._append_tokens(self._running, logits)
+        self._remove_finished()
+
+    def _append_tokens(self, reqs: list[_Request], logits: torch.Tensor) -> None:
+        tokens, logprobs = sample(
+            logits, [r.params for r in reqs], [r.generator for r in reqs], self._generator
+        )
+        for req, tok, lp in zip(reqs, tokens, logprobs, strict=True):
+            req.output_ids.append(tok)
+            req.logprobs.append(lp)
+            req.versions.append(self.weight_version)
+        self.num_generated_tokens += len(reqs)
+
+    def _finish_reason(self, req: _Request) -> dict[str, Any] | None:
+        tok = req.output_ids[-1]
+        if tok in req.params.stop_token_ids or (not req.params.ignore_eos and tok in self.eos_ids):
+            return {"type": "stop", "matched": tok}
+        if len(req.output_ids) >= req.params.max_new_tokens or req.kv_len + 1 >= self.max_len:
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
+
+    def _remove_finished(self) -> None:
+        # walk backwards so that compaction (last slot moves into the hole) never skips a request
+        for idx in range(len(self._running) - 1, -1, -1):
+            req = self._running[idx]
+            reason = self._finish_reason(req)
+            if reason is not None:
+                self._remove_slot(idx)
+                self._resolve(req, reason)
+
+    def _remove_slot(self, idx: int) -> None:
+        last = len(self._running) - 1
+        if idx != last:
+            moved = self._running[last]
+            self.runner.move_slot(last, idx, moved.kv_len)
+            self._running[idx] = moved
+        self._running.pop()
+
+    def _resolve(self, req: _Request, reason: dict[str, Any]) -> None:
+        out = RequestOutput(
+            rid=req.rid, prompt_tokens=len(req.prompt), output_ids=req.output_ids, logprobs=req.logprobs,
+            versions=req.versions, finish_reason=reason, latency_s=time.monotonic() - req.created,
+            weight_version=self.weight_version,
+        )  # fmt: skip
+        req.loop.call_soon_threadsafe(_set_result, req.future, out)
+
+    def _reject(self, req: _Request, exc: Exception) -> None:
+        req.loop.call_soon_threadsafe(_set_exception, req.future, exc)
+
+    # ---- commands (engine thread) --------------------------------------------------------------------
+    def _pause(self, mode: str) -> None:
+        self.paused = True
+        if mode == "abort":
+            self._abort(None, abort_all=True)
+        elif mode == "retract":
+            # running requests go back to the head of the queue in their original order, tokens kept
+            self._waiting.extendleft(reversed(self._running))
+            self._running.clear()
+        else:
+            assert mode == "in_place", f"unknown pause mode {mode}"
+        logger.info("generation paused (mode=%s)", mode)
+
+    def _resume(self) -> None:
+        self.paused = False
+        logger.info("generation continued")
+
+    def _update(self, model_path: str, version: str | None, flush_cache: bool) -> tuple[bool, str, int]:
+        if self._running and not self.paused:
+            raise _Defer
+        num_params = self.runner.load_weights(model_path)
+        if version is not None:
+            self.weight_version = str(version)
+        logger.info("loaded %d tensors from %s as version %s", num_params, model_path, self.weight_version)
+        num_paused = len(self._running) + len(self._waiting)
+        if flush_cache and not self._flush():
+            return (
+                False,
+                f"weights updated to version {self.weight_version}, but the cache was not flushed: "
+                f"{len(self._running)} paused requests hold KV cache (send flush_cache=false with in_place)",
+                num_paused,
+            )
+        return True, "Succeeded to update model weights.", num_paused
+
+    def _flush(self) -> bool:
+        """Drop cached KV; refused while any request holds KV (SGLang refuses with pending requests)."""
+        if self._running:
+            return False
+        self.runner.free_cache()
+        return True
+
+    def _abort(self, rid: str | None, abort_all: bool) -> None:
+        self._drain_inbox()
+        for idx in range(len(self._running) - 1, -1, -1):
+            req = self._running[idx]
+            if abort_all or req.rid == rid:
+                self._remove_slot(idx)
+                self._resolve(req, {"type": "abort", "message": "Abort in-flight request."})
+        keep: deque[_Request] = deque()
+        for req in self._waiting:
+            if abort_all or req.rid == rid:
+                self._resolve(req, {"type": "abort", "message": "Abort before running."})
+            else:
+                keep.append(req)
+        self._waiting = keep
+
+    def _shutdown(self) -> None:
+        self._drain_inbox()
+        self._abort(None, abort_all=True)
+        for _, fut, loop in [*self._deferred, *_drain(self._commands)]:
+            loop.call_soon_threadsafe(_set_exception, fut, RuntimeError("engine stopped"))
+
+
+def _drain(q: queue.SimpleQueue) -> list:
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def _set_result(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,236 @@
+"""Forward passes of a Llama/Qwen-family HF model over a slot-indexed, preallocated KV cache.
+
+Called only by the engine thread (`inference/engine.py`); not thread-safe. The model is loaded with
+`AutoModelForCausalLM` from a local directory; the forward is our own (same math as HF: RMSNorm, RoPE
+from the model's own rotary module, GQA attention with SDPA, SwiGLU MLP) so that a decode step over B
+requests of different lengths is one batched pass without padding the queries.
+
+Invariants:
+- KV slot i holds request i of the running batch; slots 0..B-1 are always the running ones (the engine
+  compacts with `move_slot` when a request leaves), so a decode step slices the cache without copies.
+- Slot `s` holds positions [0, length) of its request; `decode` writes position `pos[b]` and attends to
+  [0, pos[b]].
+- `load_weights` validates every name and shape before touching a parameter: on error nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class ModelRunner:
+    """Owns the model weights (plus fused copies for speed) and the KV cache."""
+
+    def __init__(self, *, model_path: str, dtype: str, device: str, num_slots: int, max_len: int, chunk: int):
+        from transformers import AutoModelForCausalLM
+
+        self.device = torch.device(device)
+        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
+        if torch_dtype is None:  # auto
+            torch_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
+        )
+        cfg = self.model.config
+        if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {cfg.model_type!r} unsupported by the torch engine: use sglang")
+        self.dtype = torch_dtype
+        self.vocab_size = int(cfg.vocab_size)
+        self.num_heads = int(cfg.num_attention_heads)
+        self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads)
+        self.eps = float(cfg.rms_norm_eps)
+        self.num_slots, self.max_len, self.chunk = num_slots, max_len, chunk
+        self._build_rope_table()
+        self._fuse_weights()
+        self.capacity = 0
+        self.k_cache: list[torch.Tensor] = []
+        self.v_cache: list[torch.Tensor] = []
+        self.ensure_capacity(chunk)
+
+    # ---- weights -------------------------------------------------------------------------------------
+    def _build_rope_table(self) -> None:
+        """cos/sin for every position once (rope scaling included, via the model's rotary module)."""
+        pos = torch.arange(self.max_len, device=self.device)[None]
+        probe = torch.zeros(1, device=self.device, dtype=self.dtype)
+        cos, sin = self.model.model.rotary_emb(probe, pos)
+        self.cos, self.sin = cos[0], sin[0]  # (max_len, head_dim)
+
+    @torch.no_grad()
+    def _fuse_weights(self) -> None:
+        """Concatenate q/k/v and gate/up projections: fewer kernel launches per decode step."""
+        self.layers = []
+        for layer in self.model.model.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            qkv_b = None
+            if att.q_proj.bias is not None:
+                qkv_b = torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
+            self.layers.append(
+                {
+                    "ln1": layer.input_layernorm.weight,
+                    "ln2": layer.post_attention_layernorm.weight,
+                    "qkv": torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
+                    "qkv_b": qkv_b,
+                    "o": att.o_proj.weight,
+                    "o_b": att.o_proj.bias,
+                    "q_norm": getattr(getattr(att, "q_norm", None), "weight", None),
+                    "k_norm": getattr(getattr(att, "k_norm", None), "weight", None),
+                    "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    "down": mlp.down_proj.weight,
+                    "act": mlp.act_fn,
+                }
+            )
+        self.embed = self.model.model.embed_tokens.weight
+        self.final_norm = self.model.model.norm.weight
+        self.lm_head = self.model.get_output_embeddings().weight
+
+    def expected_tensors(self) -> dict[str, tuple[int, ...]]:
+        """Names and shapes a weight directory must provide (tied duplicates optional)."""
+        return {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def load_weights(self, model_path: str) -> int:
+        """Validate then copy safetensors from `model_path`; raise ValueError and change nothing on error."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(model_path).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no *.safetensors in {model_path}")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        expected = self.expected_tensors()
+        known = set(self.model.state_dict().keys())
+        missing = sorted(set(expected) - set(state))
+        unknown = sorted(set(state) - known)
+        if missing or unknown:
+            raise ValueError(f"weights in {model_path}: missing {missing[:5]}, unknown {unknown[:5]}")
+        params = dict(self.model.named_parameters())
+        for name, t in state.items():
+            ref = params.get(name)
+            want = expected.get(name) or tuple(self.model.state_dict()[name].shape)
+            if tuple(t.shape) != want:
+                raise ValueError(
+                    f"weights in {model_path}: {name} has shape {tuple(t.shape)}, expected {want}"
+                )
+            if ref is not None and not t.is_floating_point():
+                raise ValueError(f"weights in {model_path}: {name} has non-float dtype {t.dtype}")
+        for name, p in params.items():
+            p.copy_(state[name].to(device=self.device, dtype=p.dtype))
+        self._fuse_weights()
+        return len(params)
+
+    # ---- KV cache ------------------------------------------------------------------------------------
+    def ensure_capacity(self, length: int) -> None:
+        """Grow every slot to hold `length` positions (in chunks, at most max_len), keeping contents."""
+        if length <= self.capacity:
+            return
+        assert length <= self.max_len, f"length {length} exceeds max_len {self.max_len}"
+        cap = min(self.max_len, -(-length // self.chunk) * self.chunk)
+        shape = (self.num_slots, self.num_kv_heads, cap, self.head_dim)
+        new_k, new_v = [], []
+        for i in range(len(self.layers)):
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if self.capacity:
+                k[:, :, : self.capacity] = self.k_cache[i]
+                v[:, :, : self.capacity] = self.v_cache[i]
+            new_k.append(k)
+            new_v.append(v)
+        self.k_cache, self.v_cache, self.capacity = new_k, new_v, cap
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` cached positions of slot `src` into slot `dst` (compaction)."""
+        for k, v in zip(self.k_cache, self.v_cache, strict=True):
+            k[dst, :, :length] = k[src, :, :length]
+            v[dst, :, :length] = v[src, :, :length]
+
+    def free_cache(self) -> None:
+        """Drop the cache back to one chunk (used by flush when nothing holds KV)."""
+        self.capacity = 0
+        self.k_cache, self.v_cache = [], []
+        self.ensure_capacity(self.chunk)
+
+    # ---- forward -------------------------------------------------------------------------------------
+    def _qkv(self, lw: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x (N, hidden) -> q (N, H, D), k/v (N, KVH, D) with q/k-norm and RoPE applied."""
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(x, lw["qkv"], lw["qkv_b"])
+        q, k, v = qkv.split([h * d, kvh * d, kvh * d], dim=-1)
+        q, k, v = q.view(-1, h, d), k.view(-1, kvh, d), v.view(-1, kvh, d)
+        if lw["q_norm"] is not None:
+            q = F.rms_norm(q, (d,), lw["q_norm"], self.eps)
+            k = F.rms_norm(k, (d,), lw["k_norm"], self.eps)
+        cos, sin = cos[:, None], sin[:, None]  # (N, 1, D)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def _mlp(self, lw: dict, h: torch.Tensor) -> torch.Tensor:
+        x = F.rms_norm(h, (h.shape[-1],), lw["ln2"], self.eps)
+        gate, up = F.linear(x, lw["gate_up"]).chunk(2, dim=-1)
+        return h + F.linear(lw["act"](gate) * up, lw["down"])
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(h, (h.shape[-1],), self.final_norm, self.eps)
+        return F.linear(h, self.lm_head).float()
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: list[int], slot: int) -> torch.Tensor:
+        """Run positions [0, T) of one request into `slot`; return the last position's logits (V,)."""
+        t = len(token_ids)
+        self.ensure_capacity(t)
+        ids = torch.tensor(token_ids, device=self.device)
+        h = F.embedding(ids, self.embed)  # (T, hidden)
+        cos, sin = self.cos[:t], self.sin[:t]
+        for i, lw in enumerate(self.layers):
+            x = F.rms_norm(h, (h.shape[-1],), lw["ln1"], self.eps)
+            q, k, v = self._qkv(lw, x, cos, sin)  # (T, H|KVH, D)
+            self.k_cache[i][slot, :, :t] = k.transpose(0, 1)
+            self.v_cache[i][slot, :, :t] = v.transpose(0, 1)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                is_causal=True,
+                enable_gqa=True,
+            )  # (1, H, T, D)
+            h = h + F.linear(attn[0].transpose(0, 1).reshape(t, -1), lw["o"], lw["o_b"])
+            h = self._mlp(lw, h)
+        return self._logits(h[-1:])[0]
+
+    @torch.inference_mode()
+    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One step for slots 0..B-1: token_ids/positions (B,) -> logits (B, V)."""
+        b = token_ids.shape[0]
+        length = int(positions.max()) + 1
+        self.ensure_capacity(length)
+        h = F.embedding(token_ids, self.embed)  # (B, hidden)
+        cos, sin = self.cos[positions], self.sin[positions]
+        rows = torch.arange(b, device=self.device)
+        mask = (torch.arange(length, device=self.device)[None] <= positions[:, None])[
+            :, None, None
+        ]  # (B,1,1,L)
+        for i, lw in enumerate(self.layers):
+            x = F.rms_norm(h, (h.shape[-1],), lw["ln1"], self.eps)
+            q, k, v = self._qkv(lw, x, cos, sin)
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            kc[rows, :, positions] = k
+            vc[rows, :, positions] = v
+            attn = F.scaled_dot_product_attention(
+                q[:, :, None], kc[:b, :, :length], vc[:b, :, :length], attn_mask=mask, enable_gqa=True
+            )  # (B, H, 1, D)
+            h = h + F.linear(attn.reshape(b, -1), lw["o"], lw["o_b"])
+            h = self._mlp(lw, h)
+        return self._logits(h)

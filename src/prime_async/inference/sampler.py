@@ -1,0 +1,82 @@
+"""Per-request sampling params and the batched sampler of the embedded engine.
+
+Invariant: the logprob reported for a token is `log_softmax(logits / temperature)[token]`, i.e. the
+distribution before top-k/top-p/min-p truncation (as SGLang reports it); temperature 0 means greedy and
+reports `log_softmax(logits)`. A request with `sampling_seed` draws from its own generator, so its tokens
+do not depend on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The SGLang `sampling_params` subset the engine honours (validated by the server)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    ignore_eos: bool = False
+    sampling_seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def truncates(self) -> bool:
+        return self.top_k > 1 or self.top_p < 1.0 or self.min_p > 0.0
+
+
+def _truncate(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Zero out tokens outside top-k / top-p / min-p for each row (rows: (N, V)); not renormalized."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    v = probs.shape[-1]
+    ranks = torch.arange(v, device=probs.device)[None]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else v for p in params], device=probs.device)[:, None]
+    top_p = torch.tensor([p.top_p for p in params], device=probs.device, dtype=probs.dtype)[:, None]
+    min_p = torch.tensor([p.min_p for p in params], device=probs.device, dtype=probs.dtype)[:, None]
+    # keep a token while the mass strictly before it is < top_p (the top token is always kept)
+    drop = (ranks >= top_k) | ((sorted_p.cumsum(-1) - sorted_p) >= top_p)
+    drop |= sorted_p < min_p * sorted_p[:, :1]
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    default_generator: torch.Generator,
+) -> tuple[list[int], list[float]]:
+    """logits (B, V) float32 -> sampled token ids and their logprobs (lists of length B)."""
+    b = logits.shape[0]
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
+    logp_bv = torch.log_softmax(logits / temps[:, None], dim=-1)
+    tokens = torch.empty(b, dtype=torch.long, device=logits.device)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:
+        tokens[greedy] = logp_bv[greedy].argmax(-1)
+    stochastic = [i for i, p in enumerate(params) if not p.greedy]
+    if stochastic:
+        probs = logp_bv[stochastic].exp()
+        trunc = [j for j, i in enumerate(stochastic) if params[i].truncates]
+        if trunc:
+            probs[trunc] = _truncate(probs[trunc], [params[stochastic[j]] for j in trunc])
+        shared = [j for j, i in enumerate(stochastic) if generators[i] is None]
+        if shared:
+            drawn = torch.multinomial(probs[shared], 1, generator=default_generator)[:, 0]
+            tokens[[stochastic[j] for j in shared]] = drawn
+        for j, i in enumerate(stochastic):
+            gen = generators[i]
+            if gen is not None:
+                tokens[i] = torch.multinomial(probs[j], 1, generator=gen)[0]
+    logprobs = logp_bv.gather(-1, tokens[:, None])[:, 0]
+    return tokens.tolist(), logprobs.tolist()

@@ -1,0 +1,228 @@
+"""HTTP server of the embedded engine: the subset of SGLang's native API that the orchestrator uses.
+
+`run(cfg)` is called by `prime_async.entrypoints.inference`; `python -m prime_async.inference.server
+CONFIG.toml [...]` runs the same thing without the CLI loader (used by tests). backend = "sglang"
+delegates to `inference/sglang_launcher.py`.
+
+Routes: POST /generate, /pause_generation, /continue_generation, /update_weights_from_disk,
+/abort_request; GET|POST /flush_cache; GET /model_info (alias /get_model_info), /health,
+/get_server_info. Invariants: a bad request is answered with HTTP 400 and `{"error": {"message"}}` and
+never reaches the engine, so the server keeps serving and the weights stay; when `server.api_key` is set
+every route but /health requires `Authorization: Bearer <key>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from prime_async.config.inference import InferenceConfig
+from prime_async.inference.api import (
+    AbortReqInput,
+    GenerateReqInput,
+    PauseReqInput,
+    UpdateWeightsFromDiskReqInput,
+    generate_response,
+)
+from prime_async.inference.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+    return "; ".join(parts)
+
+
+def _check_prompts(engine: Engine, items: list) -> None:
+    for prompt, sp, _, _ in items:
+        if not prompt:
+            raise ValueError("input_ids is empty")
+        bad = [t for t in prompt if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} out of vocabulary [0, {engine.vocab_size})")
+        if len(prompt) + sp.max_new_tokens > engine.max_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the "
+                f"context length {engine.max_len}"
+            )
+        bad_stop = [t for t in sp.stop_token_ids or () if not 0 <= t < engine.vocab_size]
+        if bad_stop:
+            raise ValueError(f"stop_token_ids: {bad_stop[0]} out of vocabulary [0, {engine.vocab_size})")
+
+
+def build_app(engine: Engine, *, api_key: str | None = None, model_path: str = "") -> FastAPI:
+    """FastAPI app over a started or unstarted engine (the lifespan starts and stops it)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if not engine.alive:
+            engine.start()
+        yield
+        engine.stop()
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, _validation_message(exc))
+
+    @app.exception_handler(ValueError)
+    async def _on_value_error(_: Request, exc: ValueError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        authorized = request.headers.get("authorization") == f"Bearer {api_key}"
+        if api_key and request.url.path != "/health" and not authorized:
+            return _error(401, "missing or wrong API key")
+        return await call_next(request)
+
+    _add_generation_routes(app, engine)
+    _add_admin_routes(app, engine, model_path)
+    return app
+
+
+def _add_generation_routes(app: FastAPI, engine: Engine) -> None:
+    @app.post("/generate")
+    async def generate(req: GenerateReqInput) -> Any:
+        items = req.items()
+        _check_prompts(engine, items)
+        outs = await asyncio.gather(
+            *(engine.generate(prompt, sp.to_params(), rid) for prompt, sp, _, rid in items)
+        )
+        answers = [generate_response(o, bool(lp)) for o, (_, _, lp, _) in zip(outs, items, strict=True)]
+        batched = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+        return answers if batched else answers[0]
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if engine.alive else 503)
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info() -> dict[str, Any]:
+        cfg = engine.runner.model.config
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": engine.weight_version,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": cfg.model_type,
+            "architectures": list(cfg.architectures or []),
+        }
+
+    @app.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        return {"context_length": engine.max_len, "weight_version": engine.weight_version, **engine.stats()}
+
+
+def _add_admin_routes(app: FastAPI, engine: Engine, model_path: str) -> None:
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> dict[str, str]:
+        body = await request.body()
+        req = PauseReqInput.model_validate_json(body) if body.strip() else PauseReqInput()
+        await engine.pause(req.mode)
+        return {"message": "Generation paused successfully."}
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> dict[str, str]:
+        await engine.resume()
+        return {"message": "Generation continued successfully."}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(req: UpdateWeightsFromDiskReqInput) -> JSONResponse:
+        try:
+            ok, message, num_paused = await engine.update_weights(
+                req.model_path, req.weight_version, flush_cache=req.flush_cache,
+                abort_all=req.abort_all_requests,
+            )  # fmt: skip
+        except ValueError as exc:  # invalid weights: nothing was changed
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+        body = {"success": ok, "message": message, "num_paused_requests": num_paused}
+        return JSONResponse(body, status_code=200 if ok else 400)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> PlainTextResponse:
+        ok = await engine.flush_cache()
+        if ok:
+            return PlainTextResponse("Cache flushed.\n", status_code=200)
+        return PlainTextResponse(
+            "Cache not flushed: requests are running or hold KV cache.\n", status_code=400
+        )
+
+    @app.post("/abort_request")
+    async def abort_request(req: AbortReqInput) -> Response:
+        if not req.abort_all and not req.rid:
+            raise ValueError("abort_request needs `rid` or `abort_all: true`")
+        await engine.abort(req.rid or None, abort_all=req.abort_all)
+        return Response(status_code=200)
+
+
+def build_engine(cfg: InferenceConfig) -> Engine:
+    e = cfg.engine
+    return Engine(
+        model_path=cfg.model.path, dtype=cfg.model.dtype, device=e.device,
+        max_running_requests=e.max_running_requests, max_prefill_tokens=e.max_prefill_tokens,
+        max_len=cfg.seq_len, kv_cache_chunk=e.kv_cache_chunk, num_threads=e.num_threads, seed=e.seed,
+        weight_version=str(cfg.weight_version),
+    )  # fmt: skip
+
+
+def run(cfg: InferenceConfig) -> None:
+    """Serve until interrupted: embedded engine with uvicorn, or SGLang server(s) via the launcher."""
+    if cfg.backend == "sglang":
+        from prime_async.inference.sglang_launcher import run_sglang
+
+        run_sglang(cfg)
+        return
+    import uvicorn
+
+    engine = build_engine(cfg)
+    app = build_app(engine, api_key=cfg.server.api_key, model_path=cfg.model.path)
+    logger.info(
+        "embedded engine serving %s on http://%s:%d", cfg.model.path, cfg.server.host, cfg.server.port
+    )
+    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level="warning", access_log=False)
+
+
+def _main(argv: list[str]) -> None:
+    """`python -m prime_async.inference.server CONFIG.toml [KEY=VALUE ...]` (dotted keys, TOML values)."""
+    import tomllib
+
+    if not argv:
+        raise SystemExit("usage: python -m prime_async.inference.server CONFIG.toml [a.b=value ...]")
+    with open(argv[0], "rb") as f:
+        data = tomllib.load(f)
+    for item in argv[1:]:
+        key, _, raw = item.partition("=")
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = tomllib.loads(f"v = {raw}")["v"]
+    logging.basicConfig(
+        level=data.get("log", {}).get("level", "INFO"), format="%(asctime)s %(name)s %(message)s"
+    )
+    run(InferenceConfig.model_validate(data))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
