@@ -1,0 +1,58 @@
+"""OrchestratorConfig: derived defaults, cross-field checks, and every orchestrator TOML under configs/."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from prime_async.config.loader import load_config
+from prime_async.config.orchestrator import OrchestratorConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_derived_defaults():
+    cfg = OrchestratorConfig(
+        batch_groups=8, group_size=4, inference={"base_urls": ["a", "b"], "max_running_requests": 64}
+    )
+    assert cfg.resolved_max_inflight_groups == 39  # ceil(64 * 2 * 1.2 / 4) = ceil(38.4)
+    assert cfg.resolved_max_buffered_groups == 16
+    assert cfg.resolved_max_dropped_groups_per_step == 80
+    assert cfg.max_off_policy_steps == 8
+
+
+def test_buffer_below_batch_is_rejected_naming_the_key():
+    with pytest.raises(ValidationError, match="max_buffered_groups"):
+        OrchestratorConfig(batch_groups=8, max_buffered_groups=7)
+
+
+def test_interval_beyond_k_is_rejected():
+    with pytest.raises(ValidationError, match="update_weights_interval"):
+        OrchestratorConfig(max_off_policy_steps=1, update_weights_interval=3)
+    OrchestratorConfig(max_off_policy_steps=1, update_weights_interval=2)
+
+
+def test_k_below_buffer_depth_warns(caplog):
+    with caplog.at_level(logging.WARNING):
+        OrchestratorConfig(batch_groups=4, max_buffered_groups=16, max_off_policy_steps=2)
+    assert "max_off_policy_steps (2) < ceil(max_buffered_groups / batch_groups) (4)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        OrchestratorConfig(batch_groups=4, max_buffered_groups=16, max_off_policy_steps=4)
+    assert caplog.text == ""
+
+
+def test_negative_k_and_unknown_keys_rejected():
+    with pytest.raises(ValidationError):
+        OrchestratorConfig(max_off_policy_steps=-1)
+    with pytest.raises(ValidationError):
+        OrchestratorConfig(max_offpolicy_steps=1)
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("configs/*/orchestrator*.toml")), ids=str)
+def test_every_orchestrator_toml_parses(path: Path):
+    cfg = load_config(OrchestratorConfig, ["@", str(path)])
+    assert cfg.resolved_max_buffered_groups >= cfg.batch_groups
