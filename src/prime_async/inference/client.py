@@ -1,0 +1,164 @@
+"""`EngineClient` over HTTP: SGLang's native routes and payloads only, so it drives real SGLang servers
+and the embedded engine alike. Used by the orchestrator (one client per engine).
+
+Invariants: every `generate` asks for logprobs and returns one logprob and one weight version per output
+token (versions from `meta_info.weight_versions` spans; where a server reports no spans, every token
+gets `meta_info.weight_version`). Non-2xx answers raise `EngineError` carrying the status and message;
+the client never retries on its own (the caller decides what a failure costs).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from prime_async.inference.types import FinishType, GenerateResult, PauseMode
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """An engine answered with an error status (4xx: bad request, 5xx: engine failure)."""
+
+    def __init__(self, status: int, route: str, message: str):
+        super().__init__(f"{route} -> HTTP {status}: {message}")
+        self.status = status
+        self.route = route
+
+
+def parse_version(value: Any) -> int:
+    """SGLang weight versions are strings; ours are integers. "default" is SGLang's unlabelled v0."""
+    if value is None or value == "default":
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"weight version {value!r} is not an integer: launch SGLang with --weight-version 0"
+        ) from None
+
+
+def token_versions(meta: dict[str, Any], num_tokens: int) -> list[int]:
+    """Per-output-token versions from `weight_versions` spans (fallback: `weight_version` for all)."""
+    spans = meta.get("weight_versions")
+    if not spans:
+        return [parse_version(meta.get("weight_version"))] * num_tokens
+    versions: list[int | None] = [None] * num_tokens
+    for span in spans:
+        v = parse_version(span["version"])
+        for i in range(int(span["start"]), min(int(span["end"]), num_tokens)):
+            versions[i] = v
+    if any(v is None for v in versions):
+        raise ValueError(f"weight_versions spans {spans} do not cover {num_tokens} output tokens")
+    return versions  # type: ignore[return-value]
+
+
+def parse_generate(body: dict[str, Any], rid: str | None) -> GenerateResult:
+    """One SGLang `/generate` answer -> `GenerateResult`."""
+    meta = body["meta_info"]
+    output_ids = list(body["output_ids"])
+    items = meta.get("output_token_logprobs") or []
+    if len(items) != len(output_ids) or any(int(it[1]) != t for it, t in zip(items, output_ids, strict=True)):
+        raise ValueError(f"output_token_logprobs do not align with output_ids (rid {meta.get('id')})")
+    finish = meta.get("finish_reason") or {"type": "abort"}
+    finish_type: FinishType = finish["type"] if finish["type"] in ("stop", "length") else "abort"
+    return GenerateResult(
+        rid=str(meta.get("id", rid)),
+        output_ids=output_ids,
+        output_logprobs=[float(it[0]) for it in items],
+        token_versions=token_versions(meta, len(output_ids)),
+        finish_type=finish_type,
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        weight_version=parse_version(meta.get("weight_version")),
+        meta_info=meta,
+    )
+
+
+class HttpEngineClient:
+    """One engine at `base_url` (e.g. http://127.0.0.1:30000)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, admin_timeout_s: float = 600.0):
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._admin_timeout = httpx.Timeout(admin_timeout_s, connect=10.0)
+        # generation may take arbitrarily long; hundreds of requests run concurrently per engine
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(None, connect=10.0),
+            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> HttpEngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _post(
+        self, route: str, payload: dict[str, Any] | None = None, *, admin: bool = True
+    ) -> httpx.Response:
+        kwargs: dict[str, Any] = {"timeout": self._admin_timeout} if admin else {}
+        resp = await self._http.post(route, json=payload or {}, **kwargs)
+        if resp.status_code >= 400:
+            raise EngineError(resp.status_code, route, resp.text.strip())
+        return resp
+
+    async def generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
+    ) -> GenerateResult:
+        payload: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+        }
+        if rid is not None:
+            payload["rid"] = rid
+        resp = await self._post("/generate", payload, admin=False)
+        return parse_generate(resp.json(), rid)
+
+    async def pause_generation(self, mode: PauseMode) -> None:
+        await self._post("/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._post("/continue_generation")
+
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: int, *, flush_cache: bool, abort_all_requests: bool = False
+    ) -> None:
+        payload = {
+            "model_path": str(model_path),
+            "weight_version": str(weight_version),
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+        }
+        resp = await self._post("/update_weights_from_disk", payload)
+        body = resp.json()
+        if not body.get("success", False):
+            raise EngineError(resp.status_code, "/update_weights_from_disk", str(body.get("message")))
+
+    async def flush_cache(self) -> None:
+        await self._post("/flush_cache")
+
+    async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        if rid is None and not abort_all:
+            raise ValueError("abort_request needs a rid or abort_all=True")
+        await self._post("/abort_request", {"rid": rid or "", "abort_all": abort_all})
+
+    async def weight_version(self) -> int:
+        resp = await self._http.get("/model_info", timeout=self._admin_timeout)
+        if resp.status_code >= 400:
+            raise EngineError(resp.status_code, "/model_info", resp.text.strip())
+        return parse_version(resp.json().get("weight_version"))
+
+    async def health(self) -> bool:
+        try:
+            resp = await self._http.get("/health", timeout=httpx.Timeout(10.0))
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200

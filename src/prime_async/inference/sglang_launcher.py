@@ -1,0 +1,178 @@
+"""Launch SGLang server(s) for `backend = "sglang"`: build the command lines, start, wait, forward logs, stop.
+
+Called by `inference/server.py:run` (and by the GPU conformance tests). `sglang` is an optional extra
+(`uv sync --extra sglang`); nothing here imports it, so command lines are built and tested anywhere.
+
+Engine i of `sglang.num_engines` serves on `server.port + i` with GPUs `gpu_ids[i*tp*dp:(i+1)*tp*dp]`
+(via CUDA_VISIBLE_DEVICES). Flags an RL run needs: `--weight-version` (so `/generate` stamps tokens with
+our integer versions), `--skip-server-warmup`, `--context-length = seq_len`, `--random-seed`, bound to
+127.0.0.1 unless configured otherwise (then `--api-key` is required by config validation).
+
+Invariants: `stop()` ends every process it started (SIGTERM to its process group, SIGKILL after a
+timeout); `wait_ready` fails with RuntimeError naming the engine as soon as one exits during startup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from prime_async.config.inference import InferenceConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LaunchSpec:
+    """One SGLang server: its argv, extra environment and URL."""
+
+    argv: list[str]
+    env: dict[str, str]
+    url: str
+
+
+def build_launch_specs(cfg: InferenceConfig) -> list[LaunchSpec]:
+    """The `python -m sglang.launch_server ...` command of every engine (pure: tested on CPU)."""
+    sg, srv = cfg.sglang, cfg.server
+    gpus_per_engine = sg.tp * sg.dp
+    gpu_ids = sg.gpu_ids if sg.gpu_ids is not None else list(range(sg.num_engines * gpus_per_engine))
+    if len(gpu_ids) < sg.num_engines * gpus_per_engine:
+        raise ValueError(
+            f"sglang.gpu_ids has {len(gpu_ids)} GPUs; num_engines * tp * dp = "
+            f"{sg.num_engines * gpus_per_engine} are needed"
+        )
+    specs = []
+    for i in range(sg.num_engines):
+        port = srv.port + i
+        argv = [
+            sg.python, "-m", "sglang.launch_server",
+            "--model-path", cfg.model.path,
+            "--host", srv.host,
+            "--port", str(port),
+            "--tp-size", str(sg.tp),
+            "--dp-size", str(sg.dp),
+            "--mem-fraction-static", str(sg.mem_fraction),
+            "--context-length", str(cfg.seq_len),
+            "--dtype", cfg.model.dtype,
+            "--random-seed", str(cfg.engine.seed),
+            "--weight-version", str(cfg.weight_version),
+            "--log-level", cfg.log.level.lower(),
+            "--skip-server-warmup",
+        ]  # fmt: skip
+        if sg.max_running_requests is not None:
+            argv += ["--max-running-requests", str(sg.max_running_requests)]
+        if srv.api_key:
+            argv += ["--api-key", srv.api_key]
+        argv += list(sg.extra_args)
+        gpus = gpu_ids[i * gpus_per_engine : (i + 1) * gpus_per_engine]
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
+        host = "127.0.0.1" if srv.host in ("0.0.0.0", "::") else srv.host
+        specs.append(LaunchSpec(argv=argv, env=env, url=f"http://{host}:{port}"))
+    return specs
+
+
+class SGLangLauncher:
+    """Starts the servers of `specs`, forwards their output to our log, stops them."""
+
+    def __init__(self, *, specs: list[LaunchSpec], startup_timeout_s: float = 900.0):
+        self.specs = specs
+        self.startup_timeout_s = startup_timeout_s
+        self.procs: list[subprocess.Popen] = []
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.specs]
+
+    def start(self) -> None:
+        for i, spec in enumerate(self.specs):
+            logger.info("starting sglang engine %d: %s", i, " ".join(spec.argv))
+            proc = subprocess.Popen(
+                spec.argv,
+                env={**os.environ, **spec.env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,  # own process group: stop() reaches its workers too
+            )
+            self.procs.append(proc)
+            t = threading.Thread(target=_forward, args=(proc, i), name=f"sglang-log-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        pending = dict(enumerate(self.specs))
+        while pending:
+            for i, spec in list(pending.items()):
+                code = self.procs[i].poll()
+                if code is not None:
+                    raise RuntimeError(f"sglang engine {i} exited with code {code} during startup")
+                if _healthy(spec.url):
+                    logger.info("sglang engine %d ready at %s", i, spec.url)
+                    del pending[i]
+            if pending and time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"sglang engines {sorted(pending)} not healthy after {self.startup_timeout_s}s"
+                )
+            if pending:
+                time.sleep(1.0)
+
+    def poll(self) -> int | None:
+        """Index of the first engine that exited, else None."""
+        for i, p in enumerate(self.procs):
+            if p.poll() is not None:
+                return i
+        return None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("sglang pid %d did not stop in %.0fs; killing", p.pid, timeout_s)
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _forward(proc: subprocess.Popen, index: int) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        logger.info("[sglang %d] %s", index, line.rstrip())
+
+
+def run_sglang(cfg: InferenceConfig) -> None:
+    """Start every engine, wait for /health, then block until one exits or we are interrupted."""
+    import importlib.util
+    import sys
+
+    if cfg.sglang.python in ("python", sys.executable) and importlib.util.find_spec("sglang") is None:
+        raise ValueError("backend = 'sglang' needs the sglang extra: `uv sync --extra sglang`")
+    launcher = SGLangLauncher(specs=build_launch_specs(cfg), startup_timeout_s=cfg.sglang.startup_timeout_s)
+    launcher.start()
+    try:
+        launcher.wait_ready()
+        logger.info("sglang engines ready: %s", ", ".join(launcher.urls))
+        while (dead := launcher.poll()) is None:
+            time.sleep(2.0)
+        raise RuntimeError(f"sglang engine {dead} exited with code {launcher.procs[dead].returncode}")
+    finally:
+        launcher.stop()
