@@ -26,7 +26,6 @@ from prime_async.config.cli_schema import (
     ConfigError,
     coerce,
     is_bool,
-    is_bool_word,
     model_members,
     resolve,
     wants_json,
@@ -83,7 +82,7 @@ def _resolve_flag(cls: type[BaseModel], name: str) -> tuple[tuple[str, ...], Any
                 except ConfigError:
                     break
                 if not is_bool(annotation) and annotation is not FREE:
-                    raise ConfigError(f"--{name}: '{'.'.join(path)}' is not a boolean") from None
+                    raise ConfigError(f"'{'.'.join(path)}' is not a boolean") from None
                 return path, annotation, True
         raise
 
@@ -108,7 +107,9 @@ def _read_flag(cls: type[BaseModel], argv: list[str], i: int, out: ParsedArgs) -
         if eq:
             out.sets.append(SetArg(path, inline, flag))
             return i + 1
-        takes_next = nxt is not None and is_bool_word(nxt)
+        # Positional words are not part of the grammar, so a word after a boolean flag is its value
+        # (`--flag maybe` is then reported as an invalid boolean, not as a stray argument).
+        takes_next = nxt is not None and not nxt.startswith(("--", "@"))
         out.sets.append(SetArg(path, nxt if takes_next else True, flag))
         return i + 2 if takes_next else i + 1
     if eq:

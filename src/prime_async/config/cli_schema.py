@@ -20,7 +20,6 @@ from typing import Any
 from pydantic import BaseModel
 
 FREE = object()  # annotation marker: inside a free-form value, type unknown
-_BOOL_WORDS = {"true", "false", "1", "0", "yes", "no", "on", "off", "t", "f", "y", "n"}
 _JSON_ORIGINS = (list, dict, tuple, set, frozenset)
 
 
@@ -63,10 +62,6 @@ def wants_json(annotation: Any) -> bool:
     return False
 
 
-def is_bool_word(token: str) -> bool:
-    return token.lower() in _BOOL_WORDS
-
-
 def type_name(annotation: Any) -> str:
     """Short human name of an annotation for `--help` (`int`, `str | None`, `list[str]`, `Literal[...]`)."""
     if annotation is FREE:
@@ -92,7 +87,7 @@ def _field_name(models: list[type[BaseModel]], segment: str) -> tuple[type[BaseM
     return None
 
 
-def _step(annotation: Any, segment: str) -> tuple[str, Any] | None:
+def child_annotation(annotation: Any, segment: str) -> tuple[str, Any] | None:
     """One segment down from `annotation`: (normalized segment, its annotation), or None if not a key."""
     if annotation is FREE:
         return segment, FREE
@@ -112,6 +107,15 @@ def _step(annotation: Any, segment: str) -> tuple[str, Any] | None:
     return None
 
 
+def item_annotation(annotation: Any) -> Any:
+    """Annotation of the items of a list/tuple/set annotation (FREE when unknown)."""
+    for m in members(annotation):
+        if typing.get_origin(m) in (list, tuple, set, frozenset):
+            args = [a for a in typing.get_args(m) if a is not Ellipsis]
+            return args[0] if len(args) == 1 else FREE
+    return FREE
+
+
 def resolve(cls: type[BaseModel], segments: list[str]) -> tuple[tuple[str, ...], Any]:
     """Normalize a dotted key against the schema; returns (path, annotation) or raises ConfigError."""
     path: list[str] = []
@@ -119,7 +123,7 @@ def resolve(cls: type[BaseModel], segments: list[str]) -> tuple[tuple[str, ...],
     for segment in segments:
         if not segment:
             raise ConfigError(f"empty key segment in '{'.'.join(segments)}'")
-        step = _step(annotation, segment)
+        step = child_annotation(annotation, segment)
         if step is None:
             raise ConfigError(unknown_key_message(cls, [*path, segment], parent_annotation=annotation))
         path.append(step[0])
@@ -155,7 +159,8 @@ def suggest(cls: type[BaseModel], bad: list[str]) -> str | None:
 def unknown_key_message(cls: type[BaseModel], bad: list[str], *, parent_annotation: Any = None) -> str:
     key = ".".join(str(s) for s in bad)
     if parent_annotation is not None and not model_members(parent_annotation) and len(bad) > 1:
-        return f"'{'.'.join(bad[:-1])}' is a {type_name(parent_annotation)} value and has no key '{bad[-1]}'"
+        parent = ".".join(bad[:-1])
+        return f"'{parent}' is not a section (type {type_name(parent_annotation)}), it has no key '{bad[-1]}'"
     hint = suggest(cls, [str(s) for s in bad])
     return f"unknown key '{key}'" + (f" (did you mean '{hint}'?)" if hint else "")
 

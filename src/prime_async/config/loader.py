@@ -28,7 +28,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from prime_async.config.cli_args import ParsedArgs, SetArg, read_argv
-from prime_async.config.cli_schema import ConfigError, model_members, resolve
+from prime_async.config.cli_schema import (
+    ConfigError,
+    child_annotation,
+    item_annotation,
+    model_members,
+    resolve,
+)
 
 __all__ = ["ConfigError", "dump_toml", "load_config", "parse_config"]
 
@@ -74,10 +80,34 @@ def build_config(cls: type[T], parsed: ParsedArgs) -> T:
         _apply(merged, provenance, data, leaves)
     for item in parsed.sets:
         _apply(merged, provenance, _nest(item.path, item.value), {item.path: item.flag})
+    fill_discriminators(cls, merged)
     try:
         return cls.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(cls, exc, provenance)) from None
+
+
+def fill_discriminators(cls: type[BaseModel], data: dict[str, Any]) -> None:
+    """A partial union section without its tag (`--loss.low 0.3`) gets the default variant's tag."""
+    for name, info in cls.model_fields.items():
+        value = data.get(name)
+        variants = model_members(info.annotation)
+        if not isinstance(value, dict) or not variants:
+            continue
+        tag_key = info.discriminator if isinstance(info.discriminator, str) else None
+        if tag_key is not None and tag_key not in value:
+            default = info.get_default(call_default_factory=True, validated_data={})
+            if isinstance(default, BaseModel) and getattr(default, tag_key, None) is not None:
+                value[tag_key] = getattr(default, tag_key)
+        chosen = [v for v in variants if tag_key is None or _tag_of(v, tag_key) == value.get(tag_key)]
+        chosen = [v for v in chosen if all(key in v.model_fields for key in value)]
+        if chosen:
+            fill_discriminators(chosen[0], value)
+
+
+def _tag_of(variant: type[BaseModel], tag_key: str) -> Any:
+    info = variant.model_fields.get(tag_key)
+    return None if info is None else info.default
 
 
 def dump_toml(cfg: BaseModel) -> str:
@@ -123,10 +153,22 @@ def _apply(
     merged: dict[str, Any], provenance: dict[KeyPath, str], data: dict[str, Any], leaves: dict[KeyPath, str]
 ) -> None:
     deep_merge(merged, data)
-    for path in leaves:  # a layer that replaces a whole value also replaces the provenance below it
+    for path in leaves:
+        _, value = _lookup(data, path)
+        if isinstance(value, dict):
+            continue  # a table merges into what is there: the sources below it stay valid
         for old in [old for old in provenance if len(old) > len(path) and old[: len(path)] == path]:
-            del provenance[old]
+            del provenance[old]  # a scalar or list replaced the whole subtree
     provenance.update(leaves)
+
+
+def _lookup(data: dict[str, Any], path: KeyPath) -> tuple[bool, Any]:
+    node: Any = data
+    for segment in path:
+        if not isinstance(node, dict) or segment not in node:
+            return False, None
+        node = node[segment]
+    return True, node
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -153,7 +195,9 @@ def read_toml(path: str) -> dict[str, Any]:
         with file.open("rb") as handle:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+        # tomllib says "Cannot overwrite a value" for a key defined twice in one file.
+        hint = "duplicate key: " if "Cannot overwrite" in str(exc) else ""
+        raise ConfigError(f"{path}: TOML syntax error: {hint}{exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
 
@@ -164,8 +208,6 @@ def file_layer(
     """Read `path`, check its keys against the schema under `prefix`, nest it there; (data, leaf sources)."""
     leaves: dict[KeyPath, str] = {}
     data = _normalize(cls, read_toml(path), prefix=prefix, source=path, leaves=leaves)
-    if not leaves:
-        leaves[prefix] = path
     return _nest(prefix, data) if prefix else data, leaves
 
 
@@ -213,19 +255,17 @@ def format_validation_error(
 def schema_loc(cls: type[BaseModel], loc: tuple[Any, ...]) -> KeyPath:
     """A pydantic error location as config keys: union tags (`mask`, `int`) dropped, list indexes kept."""
     out: list[str] = []
-    models: list[type[BaseModel]] = [cls]
+    annotation: Any = cls
     for segment in loc:
         if isinstance(segment, int):
             out[-1:] = [f"{out[-1]}[{segment}]"] if out else [f"[{segment}]"]
-            models = []
+            annotation = item_annotation(annotation)
             continue
-        owner = next((m for m in models if segment in m.model_fields), None)
-        if owner is not None:
-            out.append(segment)
-            models = model_members(owner.model_fields[segment].annotation)
-        elif not models:  # inside a free-form value: keep the key verbatim
-            out.append(str(segment))
-        # else: a union tag such as 'mask' or 'function-after[...]': not a config key
+        step = child_annotation(annotation, str(segment))
+        if step is not None:
+            out.append(step[0])
+            annotation = step[1]
+        # else: a union tag such as 'mask', 'int' or 'function-after[...]': not a config key
     return tuple(out)
 
 
@@ -236,6 +276,8 @@ def _reason(error: dict[str, Any]) -> str:
             return message[len(prefix) :]
     if error["type"] == "missing":
         return "required value is missing"
+    if error["type"] == "extra_forbidden":
+        return "unknown key"
     value = error.get("input")
     if value is None or isinstance(value, str | int | float | bool):
         shown = repr(value)
