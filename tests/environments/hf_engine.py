@@ -21,7 +21,9 @@ from prime_async.inference.types import GenerateResult
 class HFEngineClient:
     """One engine: serializes decoding steps on the event loop (tiny model, CPU)."""
 
-    def __init__(self, *, model_dir: str, base_url: str = "hf://tiny", version: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self, *, model_dir: str, base_url: str = "hf://tiny", version: int = 0, seed: int = 0
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(1)
@@ -42,7 +44,9 @@ class HFEngineClient:
         self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
     ) -> GenerateResult:
         rid = rid or f"hf-{next(self._ids)}"
-        self.requests.append({"input_ids": list(input_ids), "sampling_params": dict(sampling_params), "rid": rid})
+        self.requests.append(
+            {"input_ids": list(input_ids), "sampling_params": dict(sampling_params), "rid": rid}
+        )
         temperature = float(sampling_params.get("temperature", 1.0)) or 1.0
         max_new = int(sampling_params.get("max_new_tokens", 16))
         stops = set(sampling_params.get("stop_token_ids") or [])

@@ -9,12 +9,13 @@ from collections.abc import Iterable
 import verifiers.v1 as vf
 
 SYSTEM_PROMPT = "Reverse the text character by character. Answer with the reversed text only."
-_WORDS = (
+_WORD_TEXT = (
     "the a of to and in is it you that was for on are with as be at one have this from or had by "
     "word but what some can out other were all there when up use your how said each which do time "
     "will way about many then write would like so long make thing see two has look more day could "
     "go come did number sound people over know water call first who may down side now find text"
-).split()
+)
+_WORDS = _WORD_TEXT.split()
 
 
 def lcs_length(a: str, b: str) -> int:

@@ -154,7 +154,9 @@ class Gateway:
 
     def open_session(self, *, engine_key: str, sampling: dict[str, Any] | None = None) -> GatewaySession:
         key = f"ep-{next(self._ids)}"
-        session = GatewaySession(key=key, engine_index=self.engine_for(engine_key), sampling=dict(sampling or {}))
+        session = GatewaySession(
+            key=key, engine_index=self.engine_for(engine_key), sampling=dict(sampling or {})
+        )
         self.sessions[key] = session
         return session
 
@@ -253,7 +255,10 @@ class Gateway:
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
             # verifiers' renderers client asks for `max_model_len` to refuse overlong prompts up front.
-            return {"object": "list", "data": [{"id": k, "max_model_len": self.seq_len} for k in self.sessions]}
+            return {
+                "object": "list",
+                "data": [{"id": k, "max_model_len": self.seq_len} for k in self.sessions],
+            }
 
         @app.get("/health")
         async def health() -> dict[str, str]:

@@ -64,7 +64,9 @@ class InProcessChatHarness(vf.Harness[InProcessChatHarnessConfig]):
         tool_interception_url: str | None = None,
     ) -> vf.ProgramResult:
         system_prompt, prompt = self.resolve_prompt(data)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages: list[dict[str, Any]] = (
+            [{"role": "system", "content": system_prompt}] if system_prompt else []
+        )
         if isinstance(prompt, str):
             messages.append({"role": "user", "content": prompt})
         elif prompt is not None:
@@ -73,7 +75,9 @@ class InProcessChatHarness(vf.Harness[InProcessChatHarnessConfig]):
         headers = {"Authorization": f"Bearer {secret}"}
         timeout = httpx.Timeout(self.config.request_timeout_s, connect=5.0)
         async with httpx.AsyncClient(timeout=timeout) as client:
-            response = await client.post(f"{endpoint.rstrip('/')}/chat/completions", json=body, headers=headers)
+            response = await client.post(
+                f"{endpoint.rstrip('/')}/chat/completions", json=body, headers=headers
+            )
         if response.status_code != 200:
             # The interception server already recorded the failed call on the trace; exit non-zero so
             # verifiers' `_check_result` classifies it like a failed program.

@@ -1,0 +1,110 @@
+"""Turn one finished verifiers episode (+ the gateway's record of its model calls) into an `Episode`.
+
+Called by `orchestrator/envs.py` after every verifiers episode. Pure: no I/O, no verifiers import at
+module level (it receives verifiers objects and reads their documented attributes).
+
+Invariants of the returned `Episode`:
+- `token_ids`, `loss_mask`, `sampler_logprobs`, `token_versions` have equal length, at most `seq_len`;
+- `loss_mask` is True exactly on tokens the policy sampled (verifiers' `Branch.sampled_mask`): prompt,
+  chat-template scaffold, user turns and tool results are False;
+- `sampler_logprobs` is the engine's logprob on sampled tokens and 0.0 elsewhere; all finite;
+- `token_versions` is the engine-reported weight version on sampled tokens and -1 elsewhere;
+- environment faults never raise: a failed rollout, a reward that raised or is None/NaN, an empty
+  completion (no sampled token, or an empty final reply) give `status="error"` with `error` set and
+  `metrics["env_error"]` naming the kind; an engine abort gives `status="aborted"`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from prime_async.orchestrator.gateway import GatewayCall, GatewaySession
+from prime_async.orchestrator.types import Episode
+
+ENV_ERROR_KINDS = ("rollout", "reward", "empty_completion", "no_trace", "engine_abort")
+
+
+def _error(episode: Episode, kind: str, message: str) -> Episode:
+    episode.status = "aborted" if kind == "engine_abort" else "error"
+    episode.error = f"{kind}: {message}"
+    episode.metrics["env_error"] = kind
+    return episode
+
+
+def _sampled_versions(branch: Any, calls: list[GatewayCall]) -> tuple[list[int], int]:
+    """Per-token versions of a branch: each sampled node is matched, in order, to the gateway call whose
+    output starts with the node's sampled tokens. Returns (versions, number of unmatched nodes)."""
+    versions: list[int] = []
+    unmatched = 0
+    next_call = 0
+    for node in branch.nodes:
+        sampled = [tok for tok, m in zip(node.token_ids, node.mask, strict=True) if m]
+        node_versions = [-1] * len(node.token_ids)
+        if sampled:
+            match = None
+            for j in range(next_call, len(calls)):
+                if calls[j].output_ids[: len(sampled)] == sampled:
+                    match = j
+                    break
+            if match is None:
+                unmatched += 1
+            else:
+                next_call = match + 1
+                src = iter(calls[match].token_versions)
+                node_versions = [next(src) if m else -1 for m in node.mask]
+        versions.extend(node_versions)
+    return versions, unmatched
+
+
+def _reward_fault(trace: Any) -> str | None:
+    """Why the trace's reward cannot be trained on, or None."""
+    if not trace.rewards:
+        return "the task recorded no reward"
+    for name, reward in trace.rewards.items():
+        if reward is None:
+            return f"reward {name!r} was not computed"
+        if not math.isfinite(reward.value):
+            return f"reward {name!r} is not finite ({reward.value})"
+    return None
+
+
+def build_episode(*, example_id: int, vf_episode: Any, session: GatewaySession, seq_len: int) -> Episode:
+    """The `Episode` of one verifiers episode (see the module invariants)."""
+    episode = Episode(example_id=example_id)
+    episode.metrics["num_model_calls"] = len(session.calls)
+    if session.aborted:
+        return _error(episode, "engine_abort", "the engine aborted a request of this episode")
+    traces = list(vf_episode.traces)
+    if not traces:
+        errors = "; ".join(f"{e.type}: {e.message}" for e in vf_episode.errors) or "no trace"
+        return _error(episode, "no_trace", errors[:2000])
+    trace = traces[-1]
+    branches = trace.branches
+    episode.metrics["num_turns"] = trace.num_turns
+    episode.metrics["num_branches"] = len(branches)
+    episode.metrics.update({f"env/{k}": v for k, v in trace.metrics.items() if v is not None})
+    if branches:
+        branch = branches[-1]
+        episode.token_ids = list(branch.token_ids)
+        episode.loss_mask = list(branch.sampled_mask)
+        episode.sampler_logprobs = [float(x) for x in branch.logprobs]
+        episode.token_versions, unmatched = _sampled_versions(branch, session.calls)
+        episode.metrics["unmatched_version_nodes"] = unmatched
+    episode.truncated = bool(session.truncated or trace.is_truncated or len(episode.token_ids) > seq_len)
+    if len(episode.token_ids) > seq_len:
+        for name in ("token_ids", "loss_mask", "sampler_logprobs", "token_versions"):
+            setattr(episode, name, getattr(episode, name)[:seq_len])
+    if not vf_episode.ok or not trace.ok:
+        errors = [*trace.errors, *vf_episode.errors]
+        message = "; ".join(f"{e.type}: {e.message}" for e in errors) or "rollout failed"
+        kind = "reward" if any(e.type == "TaskError" for e in errors) else "rollout"
+        return _error(episode, kind, message[:2000])
+    if fault := _reward_fault(trace):
+        return _error(episode, "reward", fault)
+    episode.reward = float(trace.reward)
+    if not any(episode.loss_mask) or not trace.last_reply.strip():
+        return _error(episode, "empty_completion", "the policy's final reply is empty")
+    if not all(math.isfinite(x) for x in episode.sampler_logprobs):
+        return _error(episode, "rollout", "non-finite sampler logprob")
+    return episode
