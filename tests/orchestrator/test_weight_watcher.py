@@ -166,5 +166,7 @@ def test_interval_and_run_loop_pick_latest(tmp_path: Path):
         await asyncio.sleep(0.5)
         assert admission.served_version == 2
         task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
     run_virtual(go())

@@ -9,7 +9,8 @@ back through the `SinkListener` methods implemented here (ledger, admission, ret
 
 Invariants:
 - a group is stamped with `admission.served_version` at creation; each episode's span is
-  `(dispatch_version, served version when it finished)`;
+  `(dispatch_version, version live when it finished)`, the latter being the served version or the
+  newest per-token version the engine reported, whichever is larger;
 - a group is created only when `admission.poll()` allows it, and admission is re-polled after every
   capacity change (episode/group finished, group dropped, batch cut, version change, release);
 - `cancel_unshippable()` cancels exactly the in-flight groups with `next_batch_step - d > K`, and the
@@ -137,7 +138,10 @@ class Dispatcher:
         ep = await self.source.run_episode(
             example_id=group.example_id, engine_key=f"g{group.group_id}-e{index}", sampling=self.sampling
         )
-        end = max(self.admission.served_version, group.dispatch_version)
+        # An engine may already serve N while `served_version` still says N-1 (mid-update): the
+        # per-token versions it reports are the better witness of the version live at the finish.
+        sampled = [v for v, m in zip(ep.token_versions, ep.loss_mask, strict=False) if m and v >= 0]
+        end = max(self.admission.served_version, group.dispatch_version, max(sampled, default=-1))
         ep.span = PolicySpan(group.dispatch_version, end)
         if not state.cancelled:
             state.unfinished -= 1

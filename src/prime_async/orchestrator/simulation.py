@@ -81,6 +81,8 @@ class SimParams:
     update_time_s: float = 0.05
     error_rate: float = 0.0
     seed: int = 0
+    # The fake trainer wakes the watcher on publish; polling is only a fallback (each poll costs CPU).
+    watcher_poll_s: float = 60.0
 
 
 class SimulatedEngine:
@@ -291,6 +293,7 @@ async def run_simulation(
     comps = build_components(
         cfg, source=source, engines=engines, broadcasts=broadcasts, served_version=0, clock=loop.time
     )
+    comps.watcher.poll_interval_s = params.watcher_poll_s
     result = SimulationResult(comps=comps, engines=engines, source=source)
     if instrument:
         _instrument_caps(comps)
