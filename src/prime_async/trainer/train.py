@@ -7,7 +7,7 @@
                                            │
              publish broadcasts/step_{n+1}/ (rank 0) ──► checkpoint every ckpt.interval ──► metrics
 
-Run as `trainer @ trainer.toml` or under `torchrun --nproc-per-node N` (FSDP2, gloo on CPU / nccl on GPU).
+Run as `trainer @ trainer.toml` (`entrypoints/trainer.py` calls `run`) or under `torchrun --nproc-per-node N` (FSDP2, gloo on CPU / nccl on GPU).
 
 Invariants:
 - step n consumes batch n exactly once (the receiver raises on any other step), and publishes v_{n+1};
@@ -308,18 +308,3 @@ def run(cfg: TrainerConfig) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`trainer @ trainer.toml [--resume] [--a.b value]` (also `python -m prime_async.trainer.train`)."""
-    from prime_async.config.loader import parse_config
-
-    cfg = parse_config(TrainerConfig, argv, prog="trainer")
-    logging.basicConfig(
-        level=cfg.log.level, format=f"%(asctime)s [trainer rank{os.environ.get('RANK', '0')}] %(message)s"
-    )
-    run(cfg)
-
-
-if __name__ == "__main__":
-    main()

@@ -30,8 +30,9 @@ ARRAY_NAMES: tuple[str, ...] = tuple(ARRAY_DTYPES)
 PROTOCOL_VERSION = 1
 
 
-class WireError(ValueError):
-    """A message on the batch stream is malformed, unexpected or inconsistent with its header."""
+class WireError(RuntimeError):
+    """A message on the batch stream is malformed, unexpected or inconsistent with its header (a peer
+    failure, hence RuntimeError: the trainer exits with a traceback, not as a config error)."""
 
 
 class ArraySpec(msgspec.Struct, frozen=True):

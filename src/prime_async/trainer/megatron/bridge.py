@@ -170,7 +170,9 @@ def megatron_to_hf(m_sd: dict[str, torch.Tensor], shape: ModelShape, stage: Stag
 
 def partition_dim(name: str) -> int | None:
     """Tensor-parallel split dim of a megatron parameter (None = replicated)."""
-    if name.endswith(("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")):
+    if name.endswith(
+        ("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
+    ):
         return 0
     if name.endswith("linear_fc1.weight"):
         return 0

@@ -118,7 +118,9 @@ def build_gpt_model(
     rope = rope_settings(hf)
     model = GPTModel(
         config=tcfg,
-        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=tcfg.qk_layernorm, normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            qk_layernorm=tcfg.qk_layernorm, normalization="RMSNorm"
+        ),
         vocab_size=model_shape(hf, cfg).padded_vocab_size,
         max_sequence_length=hf["max_position_embeddings"],
         pre_process=mpu.is_pipeline_first_stage(),
@@ -169,7 +171,9 @@ def load_hf_weights(model: GPTModel, model_path: str | Path, hf: dict[str, Any],
     assert not missing and not unexpected, f"HF->megatron mapping mismatch: {missing=} {unexpected=}"
     for name, param in params.items():
         src = shard(name, full[name], tp_rank, tp_size)
-        assert src.shape == param.shape, f"{name}: HF shard {tuple(src.shape)} != megatron {tuple(param.shape)}"
+        assert src.shape == param.shape, (
+            f"{name}: HF shard {tuple(src.shape)} != megatron {tuple(param.shape)}"
+        )
         param.copy_(src.to(param.dtype))
 
 
