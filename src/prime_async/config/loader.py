@@ -4,6 +4,9 @@ Called by `prime_async.entrypoints.*` through `parse_config(cls, argv)`; tests m
 get the `ConfigError` instead of an exit. The grammar lives in `cli_args.py`, schema walking in
 `cli_schema.py`, the `--help` text in `cli_help.py`.
 
+    argv ─read_argv─► files + flags ─merge (files in order, then flags)─► raw dict
+         ─fill union tags─► pydantic model_validate (extra="forbid") ─► config  | one-line ConfigError
+
 Resolution order (later wins): the schema's defaults, then every TOML file in the order it appears on the
 command line (`@ file.toml` at the root, `--section @ file.toml` nested under `section`), deep-merged table
 by table, then the value flags. Relative paths inside files are kept as written (relative to the working
@@ -15,6 +18,7 @@ Invariants:
 - file keys are checked against the schema before validation (kebab-case or snake_case, "did you mean"),
   so an unknown key is reported with the file that introduced it;
 - one key set twice on the command line is an error (files, by contrast, override each other by design);
+- a union section given without its tag (`--loss.low 0.3`) keeps the default variant's tag;
 - `--help` and `--dry-run` exit 0 and import nothing but the config schemas.
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,7 +49,7 @@ KeyPath = tuple[str, ...]
 EXIT_USAGE = 2
 
 
-def parse_config(cls: type[T], argv: list[str] | None = None, *, prog: str | None = None) -> T:
+def parse_config(cls: type[T], argv: Sequence[str] | None = None, *, prog: str | None = None) -> T:
     """Parse `argv` (default: sys.argv[1:]) into `cls`; handles `--help` / `--dry-run`, exits 2 on errors."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or Path(sys.argv[0]).name
@@ -65,9 +70,9 @@ def parse_config(cls: type[T], argv: list[str] | None = None, *, prog: str | Non
     return cfg
 
 
-def load_config(cls: type[T], argv: list[str]) -> T:
+def load_config(cls: type[T], argv: Sequence[str]) -> T:
     """Files + flags -> validated `cls`; raises `ConfigError` (one line) on any user error."""
-    return build_config(cls, read_argv(cls, argv))
+    return build_config(cls, read_argv(cls, list(argv)))
 
 
 def build_config(cls: type[T], parsed: ParsedArgs) -> T:
