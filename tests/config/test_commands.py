@@ -78,3 +78,12 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], expect
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr == expected + "\n"
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "README.md").read_text()
+    ci_lines = [line for line in (repo / ".ci" / "run").read_text().splitlines() if "uv run" in line]
+    assert len(ci_lines) == 1
+    assert ci_lines[0].strip() in readme
+    assert ci_lines[0].strip().endswith("uv run pytest")
