@@ -233,13 +233,23 @@ def run(cfg: OrchestratorConfig) -> None:
     asyncio.run(_run(cfg))
 
 
+async def wait_for_engines(engines: Sequence[EngineClient], *, timeout_s: float) -> None:
+    """Poll `/health` of every engine until all answer (the launcher starts inference first)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(await asyncio.gather(*(e.health() for e in engines))):
+        if time.monotonic() > deadline:
+            urls = [e.base_url for e in engines]
+            raise RuntimeError(f"inference engines {urls} not healthy after {timeout_s:.0f} s")
+        await asyncio.sleep(1.0)
+
+
 async def _run(cfg: OrchestratorConfig) -> None:
     from prime_async.inference.client import HttpEngineClient
     from prime_async.orchestrator.envs import build_rollout_source
     from prime_async.transport.zmq_batches import BatchSender
     from prime_async.utils.monitor import Monitor
 
-    engines = [HttpEngineClient(url) for url in cfg.inference.base_urls]
+    engines = [HttpEngineClient(url, cfg.inference.api_key) for url in cfg.inference.base_urls]
     source = build_rollout_source(
         env_cfg=cfg.env, engines=engines, model_path=cfg.model.path, seq_len=cfg.seq_len
     )
@@ -248,13 +258,16 @@ async def _run(cfg: OrchestratorConfig) -> None:
     sender = BatchSender(cfg=cfg.transport, num_ranks=cfg.num_train_ranks)
 
     def log_metrics(metrics: dict[str, float], step: int) -> None:
+        metrics.update(source.metrics())
         logger.info(_console_line(step, metrics))
         monitor.log(metrics, step=step)
 
     async def send_batch(batch: TrainBatch) -> None:
+        # blocks until every trainer rank said READY; the socket lives in the sender's own thread
         await asyncio.to_thread(sender.send, batch)
 
     try:
+        await wait_for_engines(engines, timeout_s=cfg.inference.timeout_s)
         async with source:
             served = min(await asyncio.gather(*(e.weight_version() for e in engines)))
             comps = build_components(
@@ -268,3 +281,4 @@ async def _run(cfg: OrchestratorConfig) -> None:
     finally:
         sender.close()
         monitor.close()
+        await asyncio.gather(*(e.aclose() for e in engines), return_exceptions=True)
