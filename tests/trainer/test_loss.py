@@ -94,8 +94,11 @@ def test_m2po_keeps_smallest_second_moment_tokens() -> None:
     assert keep.tolist() == [True, True, True, True, False, False, False]
     assert log_ratio[keep].pow(2).mean() <= 0.04
     out = build_loss_fn(M2POLossConfig(m2_threshold=0.04))(
-        logp=log_ratio.clone().requires_grad_(), sampler_logp=torch.zeros(7), advantages=torch.ones(7),
-        loss_mask=mask, num_loss_tokens=6,
+        logp=log_ratio.clone().requires_grad_(),
+        sampler_logp=torch.zeros(7),
+        advantages=torch.ones(7),
+        loss_mask=mask,
+        num_loss_tokens=6,
     )
     assert out.masked.tolist() == [False, False, False, False, True, True, False]
 
@@ -110,7 +113,9 @@ def test_normalized_by_batch_loss_tokens(cfg) -> None:
     fn = build_loss_fn(cfg)
     whole = fn(logp=logp, sampler_logp=sampler, advantages=adv, loss_mask=mask, num_loss_tokens=n).loss
     parts = sum(
-        fn(logp=logp[s], sampler_logp=sampler[s], advantages=adv[s], loss_mask=mask[s], num_loss_tokens=n).loss
+        fn(
+            logp=logp[s], sampler_logp=sampler[s], advantages=adv[s], loss_mask=mask[s], num_loss_tokens=n
+        ).loss
         for s in (slice(0, 10), slice(10, 24))
     )
     if cfg.type != "m2po":  # m2po's trust region is per micro-batch by design
@@ -148,8 +153,10 @@ def test_custom_loss_by_import_path() -> None:
     mod = types.ModuleType("my_custom_loss")
 
     def reinforce(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, scale):
-        return LossOutput(loss=-scale * (logp * advantages)[loss_mask].sum() / num_loss_tokens,
-                          masked=torch.zeros_like(loss_mask))
+        return LossOutput(
+            loss=-scale * (logp * advantages)[loss_mask].sum() / num_loss_tokens,
+            masked=torch.zeros_like(loss_mask),
+        )
 
     mod.reinforce = reinforce
     sys.modules["my_custom_loss"] = mod

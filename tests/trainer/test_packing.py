@@ -13,7 +13,9 @@ def model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -28,7 +30,9 @@ def test_packed_equals_per_sample(model, temperature: float) -> None:
         start = 0
         for s in samples:
             logp, ent = packed_logprobs(model, s, torch.arange(len(s)), temperature)
-            torch.testing.assert_close(packed_logp[start + 1 : start + len(s)], logp[1:], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                packed_logp[start + 1 : start + len(s)], logp[1:], rtol=1e-5, atol=1e-5
+            )
             torch.testing.assert_close(packed_ent[start + 1 : start + len(s)], ent[1:], rtol=1e-5, atol=1e-5)
             start += len(s)
         # sanity: without restarting positions, later samples would see earlier ones and differ

@@ -14,8 +14,19 @@ from prime_async.transport.synthetic import transport_cfg
 from prime_async.transport.zmq_batches import BatchSender
 
 METRIC_KEYS = {
-    "loss/total", "mismatch_kl", "ratio/mean", "ratio/std", "ratio/min", "ratio/max", "masked_fraction",
-    "entropy", "optim/grad_norm", "optim/lr", "time/wait_for_batch", "time/train", "time/publish_weights",
+    "loss/total",
+    "mismatch_kl",
+    "ratio/mean",
+    "ratio/std",
+    "ratio/min",
+    "ratio/max",
+    "masked_fraction",
+    "entropy",
+    "optim/grad_norm",
+    "optim/lr",
+    "time/wait_for_batch",
+    "time/train",
+    "time/publish_weights",
     "perf/tokens_per_s",
 }
 
@@ -37,8 +48,9 @@ def test_three_steps_then_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
 
     out, log = tmp_path / "run", tmp_path / "trainer.log"
     tcfg = transport_cfg(timeout_s=120)
-    config = write_config(tmp_path / "t.toml", model_dir=tiny_model_dir, output_dir=out, transport=tcfg,
-                          max_steps=3)
+    config = write_config(
+        tmp_path / "t.toml", model_dir=tiny_model_dir, output_dir=out, transport=tcfg, max_steps=3
+    )
     with BatchSender(cfg=tcfg, num_ranks=1, resend_window=4) as sender:
         feeder = _feed(sender, range(3), 1, tiny_model_dir)
         wait(start_trainer(config, log=log), log)
@@ -47,48 +59,65 @@ def test_three_steps_then_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
         previous = start
         for v in (1, 2, 3):
             d = out / "broadcasts" / f"step_{v}"
-            assert (d / "STABLE").is_file() and (d / "config.json").is_file() and (d / "tokenizer.json").is_file()
+            assert (
+                (d / "STABLE").is_file()
+                and (d / "config.json").is_file()
+                and (d / "tokenizer.json").is_file()
+            )
             w = _weights(d)
             assert set(w) == set(start)
             assert any(not torch.equal(w[k], previous[k]) for k in w), f"step_{v} equals the version before"
             previous = w
         model = AutoModelForCausalLM.from_pretrained(out / "broadcasts" / "step_3")
-        torch.testing.assert_close(model.state_dict()["model.embed_tokens.weight"], previous["model.embed_tokens.weight"])
+        torch.testing.assert_close(
+            model.state_dict()["model.embed_tokens.weight"], previous["model.embed_tokens.weight"]
+        )
         lines = read_metrics(out)
         assert [m["step"] for m in lines] == [0, 1, 2]
-        assert METRIC_KEYS <= set(lines[0])
+        assert set(lines[0]) >= METRIC_KEYS
         assert 0.9 < lines[0]["ratio/mean"] < 1.1 and lines[0]["masked_fraction"] < 0.1
         assert lines[0]["optim/grad_norm"] > 0 and lines[0]["loss/total"] != 0
 
         # restart with --resume: an incomplete newer checkpoint is skipped, training continues at step 3 -> v4
-        (out / "checkpoints" / "step_9").mkdir()
+        (out / "checkpoints" / "trainer" / "step_9").mkdir()
         _feed(sender, range(3, 4), 1, tiny_model_dir)
         wait(start_trainer(config, "--resume", "--max-steps", "4", log=log), log)
     text = log.read_text()
     assert "skipping incomplete checkpoint" in text and "next step 3" in text
     assert (out / "broadcasts" / "step_4" / "STABLE").is_file()
     assert [m["step"] for m in read_metrics(out)] == [0, 1, 2, 3]
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_4", "step_9"]
+    assert sorted(p.name for p in (out / "checkpoints" / "trainer").iterdir()) == [
+        "step_3",
+        "step_4",
+        "step_9",
+    ]
 
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_match_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Plain single process (no process group, unsharded) vs torchrun with 2 gloo ranks (FSDP2)."""
     losses = {}
-    for nproc in (1, 2):
+    for nproc in (None, 2):
         out, log = tmp_path / f"run{nproc}", tmp_path / f"trainer{nproc}.log"
         tcfg = transport_cfg(timeout_s=120)
-        config = write_config(tmp_path / f"t{nproc}.toml", model_dir=tiny_model_dir, output_dir=out,
-                              transport=tcfg, max_steps=3, ckpt={"interval": None})
-        with BatchSender(cfg=tcfg, num_ranks=nproc) as sender:
-            feeder = _feed(sender, range(3), nproc, tiny_model_dir)
+        config = write_config(
+            tmp_path / f"t{nproc}.toml",
+            model_dir=tiny_model_dir,
+            output_dir=out,
+            transport=tcfg,
+            max_steps=3,
+            ckpt={"keep": 2},
+        )
+        with BatchSender(cfg=tcfg, num_ranks=nproc or 1) as sender:
+            feeder = _feed(sender, range(3), nproc or 1, tiny_model_dir)
             wait(start_trainer(config, nproc=nproc, log=log), log)
             feeder.join(5)
         metrics = read_metrics(out)
         assert len(metrics) == 3
         losses[nproc] = [(m["loss/total"], m["optim/grad_norm"], m["mismatch_kl"]) for m in metrics]
-    for one, two in zip(losses[1], losses[2], strict=True):
+    for one, two in zip(losses[None], losses[2], strict=True):
         assert one == pytest.approx(two, abs=1e-4, rel=1e-4)
-    w1 = load_file(str(tmp_path / "run1" / "broadcasts" / "step_3" / "model.safetensors"))
+    w1 = load_file(str(tmp_path / "runNone" / "broadcasts" / "step_3" / "model.safetensors"))
     w2 = load_file(str(tmp_path / "run2" / "broadcasts" / "step_3" / "model.safetensors"))
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-5)

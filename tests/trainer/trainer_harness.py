@@ -21,7 +21,9 @@ from prime_async.transport.types import TrainBatch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_config(path: Path, *, model_dir: Path, output_dir: Path, transport: TransportConfig, **extra) -> Path:
+def write_config(
+    path: Path, *, model_dir: Path, output_dir: Path, transport: TransportConfig, **extra
+) -> Path:
     cfg = {
         "model": {"path": str(model_dir)},
         "output_dir": str(output_dir),
@@ -41,8 +43,15 @@ def start_trainer(config: Path, *extra_args: str, nproc: int | None = None, log:
     if nproc is None:
         cmd = [sys.executable, "-m", "prime_async.entrypoints.trainer"]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "prime_async.entrypoints.trainer"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "prime_async.entrypoints.trainer",
+        ]
     out = log.open("ab")
     return subprocess.Popen([*cmd, "@", str(config), *extra_args], cwd=ROOT, env=env, stdout=out, stderr=out)
 
@@ -75,7 +84,10 @@ def batch(step: int, num_ranks: int = 1, *, model_dir: Path) -> TrainBatch:
     for mb in mbs:
         with torch.no_grad():
             logp, _ = packed_logprobs(
-                _model(model_dir), torch.from_numpy(mb.input_ids).long(), torch.from_numpy(mb.position_ids).long(), 0.9
+                _model(model_dir),
+                torch.from_numpy(mb.input_ids).long(),
+                torch.from_numpy(mb.position_ids).long(),
+                0.9,
             )
         noisy = logp + 0.05 * torch.randn(logp.shape, generator=gen)
         mb.sampler_logprobs = np.where(mb.loss_mask, noisy.numpy(), 0).astype(np.float32)

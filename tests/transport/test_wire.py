@@ -34,7 +34,7 @@ def test_round_trip_every_rank() -> None:
         assert header.num_loss_tokens == batch.num_loss_tokens
         assert header.metrics == {"reward/mean": 0.5}
         assert len(mbs) == len(batch.micro_batches[rank])
-        for got, want in zip(mbs, batch.micro_batches[rank]):
+        for got, want in zip(mbs, batch.micro_batches[rank], strict=True):
             for name in ARRAY_NAMES:
                 np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
                 assert getattr(got, name).dtype == getattr(want, name).dtype

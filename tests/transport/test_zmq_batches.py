@@ -34,7 +34,7 @@ def test_send_waits_for_slow_joiner_and_slices_per_rank() -> None:
         for rank in range(2):
             assert got[rank].step == 0 and got[rank].rank == rank
             assert got[rank].layout == [[12, 9], [12]] and got[rank].max_micro_batches == 2
-            for mb, ref in zip(got[rank].micro_batches, want.micro_batches[rank]):
+            for mb, ref in zip(got[rank].micro_batches, want.micro_batches[rank], strict=True):
                 np.testing.assert_array_equal(mb.input_ids, ref.input_ids)
         r0.close()
         r1.close()

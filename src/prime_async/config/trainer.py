@@ -38,7 +38,7 @@ class OptimConfig(BaseConfig):
 
 
 class MaskLossConfig(BaseConfig):
-    """Default: token-level ratio objective; tokens whose ratio leaves [low, high] are masked (IcePop/DPPO)."""
+    """Default token-level ratio objective: tokens with rho_t outside [low, high] are masked (IcePop)."""
 
     type: Literal["mask"] = Field("mask", description="Loss variant.")
     ratio_low: float = Field(0.5, gt=0, le=1, description="Mask tokens with rho_t below this.")
@@ -100,7 +100,8 @@ class WeightsConfig(BaseConfig):
     keep_last: int = Field(
         3,
         ge=2,
-        description="Keep this many newest broadcast dirs (>= 2: the orchestrator may still load the previous "
+        description="Keep this many newest broadcast dirs (>= 2: the orchestrator may still load the "
+        "previous "
         "one while the newest is written), plus those of checkpoint steps.",
     )
 
@@ -121,7 +122,8 @@ class TrainerConfig(BaseConfig):
     max_off_policy_steps: int | None = Field(
         None,
         ge=0,
-        description="Defence in depth: fail if `step - batch.min_dispatch_version` exceeds this (None = no check).",
+        description="Defence in depth: fail if `step - batch.min_dispatch_version` exceeds this "
+        "(None = no check).",
     )
     transport: TransportConfig = Field(default_factory=TransportConfig, description="Batch stream.")
     num_processes: int = Field(

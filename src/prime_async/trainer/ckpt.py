@@ -1,4 +1,4 @@
-"""Full training-state checkpoints for `--resume`: `output_dir/checkpoints/step_{n}/`.
+"""Full training-state checkpoints for `--resume`: `output_dir/checkpoints/trainer/step_{n}/`.
 
 `step_{n}` holds the state after n optimizer steps (the next batch to train is n; the weights are version
 n): model and optimizer (full, unsharded state dicts, so a different world size can resume), LR scheduler,
@@ -6,7 +6,7 @@ step, and the torch RNG states. Called by the trainer's main loop on every rank 
 collective); rank 0 writes.
 
 Invariants:
-- atomic: written under `checkpoints/.tmp_step_{n}`, `COMPLETE` written last, then renamed;
+- atomic: written under `checkpoints/trainer/.tmp_step_{n}`, `COMPLETE` written last, then renamed;
 - `latest_checkpoint` returns the newest directory with `COMPLETE`; newer incomplete ones are skipped
   with a warning, never loaded;
 - files are read with `torch.load(weights_only=True)` (no arbitrary pickle execution).
@@ -44,9 +44,14 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def checkpoint_root(output_dir: Path) -> Path:
+    """Beside the orchestrator's `checkpoints/orchestrator/`."""
+    return Path(output_dir) / "checkpoints" / "trainer"
+
+
 def checkpoint_steps(output_dir: Path) -> list[int]:
     """Steps of complete checkpoints, ascending."""
-    root = Path(output_dir) / "checkpoints"
+    root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
     steps = []
@@ -61,7 +66,7 @@ def checkpoint_steps(output_dir: Path) -> list[int]:
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
     steps = checkpoint_steps(output_dir)
-    return Path(output_dir) / "checkpoints" / f"step_{steps[-1]}" if steps else None
+    return checkpoint_root(output_dir) / f"step_{steps[-1]}" if steps else None
 
 
 def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -70,7 +75,7 @@ def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(*, output_dir: Path, step: int, model, optimizer, scheduler, keep: int | None) -> None:
-    """Collective: gather full states, rank 0 writes `checkpoints/step_{step}` atomically."""
+    """Collective: gather full states, rank 0 writes `checkpoints/trainer/step_{step}` atomically."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = {
         "step": step,
@@ -82,7 +87,7 @@ def save_checkpoint(*, output_dir: Path, step: int, model, optimizer, scheduler,
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state()
     if _is_rank0():
-        root = Path(output_dir) / "checkpoints"
+        root = checkpoint_root(output_dir)
         tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)

@@ -80,7 +80,9 @@ def _ratio(logp: torch.Tensor, sampler_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(logp - sampler_logp)
 
 
-def mask_loss(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, ratio_low, ratio_high) -> LossOutput:
+def mask_loss(
+    *, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, ratio_low, ratio_high
+) -> LossOutput:
     rho = _ratio(logp, sampler_logp)
     masked = loss_mask & ((rho.detach() < ratio_low) | (rho.detach() > ratio_high))
     keep = loss_mask & ~masked
@@ -147,7 +149,9 @@ def build_loss_fn(cfg) -> LossFn:
 
     def loss_fn(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens) -> LossOutput:
         if num_loss_tokens < 1:
-            raise ValueError("num_loss_tokens must be >= 1 (a batch without sampled tokens cannot be trained)")
+            raise ValueError(
+                "num_loss_tokens must be >= 1 (a batch without sampled tokens cannot be trained)"
+            )
         check_finite(logp, sampler_logp, advantages, loss_mask)
         # Non-loss positions may hold placeholders; zero them so they cannot leak NaN into gradients.
         sampler_logp = torch.where(loss_mask, sampler_logp, logp.detach())
@@ -183,7 +187,9 @@ class TokenStats:
     @staticmethod
     def empty() -> TokenStats:
         z = torch.zeros((), dtype=torch.float64)
-        return TokenStats(z, z, z, z, torch.tensor(float("inf")).double(), torch.tensor(-float("inf")).double(), z, z)
+        return TokenStats(
+            z, z, z, z, torch.tensor(float("inf")).double(), torch.tensor(-float("inf")).double(), z, z
+        )
 
     @staticmethod
     def of(logp, sampler_logp, loss_mask, masked, entropy) -> TokenStats:
@@ -223,8 +229,16 @@ class TokenStats:
 
         if not (dist.is_available() and dist.is_initialized()):
             return self
-        sums = torch.stack([self.num_tokens, self.num_masked, self.ratio_sum, self.ratio_sq_sum, self.kl_sum,
-                            self.entropy_sum])
+        sums = torch.stack(
+            [
+                self.num_tokens,
+                self.num_masked,
+                self.ratio_sum,
+                self.ratio_sq_sum,
+                self.kl_sum,
+                self.entropy_sum,
+            ]
+        )
         mn, mx = self.ratio_min.clone(), self.ratio_max.clone()
         dist.all_reduce(sums)
         dist.all_reduce(mn, op=dist.ReduceOp.MIN)

@@ -7,7 +7,8 @@
                                            │
              publish broadcasts/step_{n+1}/ (rank 0) ──► checkpoint every ckpt.interval ──► metrics
 
-Run as `trainer @ trainer.toml` (`entrypoints/trainer.py` calls `run`) or under `torchrun --nproc-per-node N` (FSDP2, gloo on CPU / nccl on GPU).
+Run as `trainer @ trainer.toml` (`entrypoints/trainer.py` calls `run`) or under
+`torchrun --nproc-per-node N -m prime_async.entrypoints.trainer` (FSDP2, gloo on CPU / nccl on GPU).
 
 Invariants:
 - step n consumes batch n exactly once (the receiver raises on any other step), and publishes v_{n+1};
@@ -33,8 +34,13 @@ import torch
 import torch.distributed as dist
 
 from prime_async.config.trainer import OptimConfig, TrainerConfig
-from prime_async.trainer.ckpt import checkpoint_steps, full_model_state_dict, latest_checkpoint
-from prime_async.trainer.ckpt import load_checkpoint, save_checkpoint
+from prime_async.trainer.ckpt import (
+    checkpoint_steps,
+    full_model_state_dict,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from prime_async.trainer.loss import LossFn, TokenStats, build_loss_fn
 from prime_async.trainer.parallelize import parallelize
 from prime_async.trainer.weights import WeightPublisher
@@ -144,7 +150,9 @@ def micro_batch_pass(
 
 
 # -- one step ----------------------------------------------------------------------------------------------
-def train_step(model, optimizer, scheduler, batch: RankBatch, *, cfg: TrainerConfig, loss_fn, world_size: int):
+def train_step(
+    model, optimizer, scheduler, batch: RankBatch, *, cfg: TrainerConfig, loss_fn, world_size: int
+):
     """Gradient accumulation over this rank's micro-batches, clip, non-finite check, optimizer step."""
     if batch.num_loss_tokens < 1:
         raise ValueError(f"batch {batch.step} has no loss tokens")
@@ -197,7 +205,10 @@ class Trainer:
 
             mesh = init_device_mesh(self.device.type, (self.world_size,))
         self.model = parallelize(
-            self.model, activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile, dp_mesh=mesh
+            self.model,
+            activation_checkpointing=cfg.activation_checkpointing,
+            compile=cfg.compile,
+            dp_mesh=mesh,
         )
         self.optimizer = build_optimizer(cfg.optim, self.model)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -214,7 +225,9 @@ class Trainer:
             return 0
         path = latest_checkpoint(self.cfg.output_dir)
         if path is None:
-            raise ValueError(f"resume=true but no complete checkpoint under {self.cfg.output_dir}/checkpoints")
+            raise ValueError(
+                f"resume=true but no complete checkpoint under {self.cfg.output_dir}/checkpoints/trainer"
+            )
         return load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
 
     def _build_publisher(self) -> WeightPublisher:
@@ -261,7 +274,12 @@ class Trainer:
         t1 = time.perf_counter()
         self._check_staleness(batch)
         metrics = train_step(
-            self.model, self.optimizer, self.scheduler, batch, cfg=self.cfg, loss_fn=self.loss_fn,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            batch,
+            cfg=self.cfg,
+            loss_fn=self.loss_fn,
             world_size=self.world_size,
         )
         t2 = time.perf_counter()
@@ -270,17 +288,23 @@ class Trainer:
         self.step = n + 1
         if self.cfg.ckpt.interval is not None and self.step % self.cfg.ckpt.interval == 0:
             save_checkpoint(
-                output_dir=self.cfg.output_dir, step=self.step, model=self.model, optimizer=self.optimizer,
-                scheduler=self.scheduler, keep=self.cfg.ckpt.keep,
+                output_dir=self.cfg.output_dir,
+                step=self.step,
+                model=self.model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                keep=self.cfg.ckpt.keep,
             )
         num_tokens = sum(sum(rank) for rank in batch.layout)
-        metrics.update({
-            "time/wait_for_batch": t1 - t0,
-            "time/train": t2 - t1,
-            "time/publish_weights": t3 - t2,
-            "perf/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
-            "loss/num_loss_tokens": batch.num_loss_tokens,
-        })
+        metrics.update(
+            {
+                "time/wait_for_batch": t1 - t0,
+                "time/train": t2 - t1,
+                "time/publish_weights": t3 - t2,
+                "perf/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
+                "loss/num_loss_tokens": batch.num_loss_tokens,
+            }
+        )
         return metrics
 
     def run(self) -> None:
@@ -292,8 +316,12 @@ class Trainer:
                     self.monitor.log(metrics, step=n)
                     logger.info(
                         "step %d | loss %.4f | mismatch_kl %.2e | entropy %.3f | grad_norm %.3f | %.0f tok/s",
-                        n, metrics["loss/total"], metrics["mismatch_kl"], metrics["entropy"],
-                        metrics["optim/grad_norm"], metrics["perf/tokens_per_s"],
+                        n,
+                        metrics["loss/total"],
+                        metrics["mismatch_kl"],
+                        metrics["entropy"],
+                        metrics["optim/grad_norm"],
+                        metrics["perf/tokens_per_s"],
                     )
         finally:
             self.receiver.close()

@@ -83,7 +83,9 @@ class WeightPublisher:
         self.keep_last = keep_last
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int, *, protected: Iterable[int] = ()) -> Path:
+    def publish(
+        self, state_dict: dict[str, torch.Tensor], version: int, *, protected: Iterable[int] = ()
+    ) -> Path:
         """Write version `version` from a full state dict (rank 0 only), then prune."""
         final = self.root / f"step_{version}"
         tmp = self.root / f".tmp_step_{version}"

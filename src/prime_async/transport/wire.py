@@ -19,7 +19,6 @@ Invariants (checked by `decode_*`, which raise `WireError`, never skip):
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import msgspec
 import numpy as np
@@ -167,7 +166,8 @@ def decode_rank_slice(
             raise WireError(f"micro-batch {i}: arrays {[s.name for s in specs]} != {list(ARRAY_NAMES)}")
         if any(s.length != length for s in specs):
             raise WireError(f"micro-batch {i}: array lengths {[s.length for s in specs]} != layout {length}")
-        arrays = {s.name: _decode_array(s, f, max_frame_bytes) for s, f in zip(specs, frames[1 + i * n :])}
+        mb_frames = frames[1 + i * n : 1 + (i + 1) * n]
+        arrays = {s.name: _decode_array(s, f, max_frame_bytes) for s, f in zip(specs, mb_frames, strict=True)}
         micro_batches.append(MicroBatch(**arrays))
     local_loss_tokens = sum(mb.num_loss_tokens for mb in micro_batches)
     if local_loss_tokens > msg.num_loss_tokens:
