@@ -63,14 +63,7 @@ async def bench_runner(runner: str, args: argparse.Namespace, model_dir: str) ->
             latencies.append(time.perf_counter() - t0)
             assert ep.status == "ok", ep.error
         t0 = time.perf_counter()
-        episodes = await asyncio.gather(
-            *(
-                source.run_episode(example_id=i, engine_key=str(i), sampling=sampling)
-                for i in range(args.episodes)
-            )
-            if args.concurrency >= args.episodes
-            else _bounded(source, args, sampling)
-        )
+        episodes = await _bounded(source, args, sampling)
         wall = time.perf_counter() - t0
         assert all(e.status == "ok" for e in episodes), [e.error for e in episodes if e.status != "ok"]
     latencies.sort()
