@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import importlib.util
 import logging
@@ -82,7 +83,13 @@ def _convert_into(tmp_dir: Path, gguf: Path) -> None:
     if not tokenizer.chat_template:
         tokenizer.chat_template = _CHATML_FALLBACK
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+    tokenizer.model_max_length = gguf_model.config.max_position_embeddings
+    config = copy.deepcopy(gguf_model.config)
+    # The GGUF origin is recorded as a quantization config; the saved weights are plain float32, and a
+    # reader seeing `quant_method = "gguf"` (SGLang, a later transformers load) would look for a GGUF file.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
     # Tied embeddings may appear as a missing lm_head entry; anything else is a broken conversion.
     missing = [key for key in missing if key != "lm_head.weight" or not model.config.tie_word_embeddings]
@@ -109,8 +116,12 @@ def prepare_smollm2(out_dir: str | Path = DEFAULT_DIR) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         start = time.perf_counter()
         logger.info("converting %s -> %s (about a minute on CPU)", gguf, out)
-        _convert_into(tmp, gguf)
-        (tmp / MARKER).write_text(f"converted from {GGUF_NAME}\n")
+        try:
+            _convert_into(tmp, gguf)
+            (tmp / MARKER).write_text(f"converted from {GGUF_NAME}\n")
+        except BaseException:  # cleanup only: the error propagates, no half-written copy stays behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if out.exists():  # an incomplete earlier attempt (no marker): replace it
             shutil.rmtree(out)
         tmp.rename(out)
