@@ -20,6 +20,7 @@ class FakeDispatcher:
         self.log = log
         self.idle = asyncio.Event()
         self.idle.set()
+        self.num_inflight_groups = 0
 
     def cancel_unshippable(self) -> list[int]:
         self.log.append(("cancel",))

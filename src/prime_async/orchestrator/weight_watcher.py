@@ -69,6 +69,9 @@ class BroadcastDir:
 class Drainable(Protocol):
     """The part of the dispatcher the watcher uses."""
 
+    @property
+    def num_inflight_groups(self) -> int: ...
+
     def cancel_unshippable(self) -> list[int]: ...
 
     async def wait_idle(self) -> None: ...
@@ -100,6 +103,7 @@ class WeightWatcher:
         self._wake = asyncio.Event()
         self._sync_time = 0.0
         self._updates = 0
+        self._inflight_at_update = 0
         self.events: list[tuple[str, int]] = []  # (what, version), for tests and debugging
 
     @property
@@ -126,6 +130,7 @@ class WeightWatcher:
         start = self.clock()
         cancelled = self.dispatcher.cancel_unshippable()
         self.events.append(("cancel", len(cancelled)))
+        self._inflight_at_update += self.dispatcher.num_inflight_groups  # work the update runs across
         path = self.broadcasts.path(version)
         if self.pause_mode == "drain":
             self.admission.hold()
@@ -165,7 +170,9 @@ class WeightWatcher:
             "time/sync_weights": self._sync_time,
             "weights/served_version": float(self.served_version),
             "weights/updates": float(self._updates),
+            "weights/inflight_groups_at_update": float(self._inflight_at_update),
         }
         self._sync_time = 0.0
         self._updates = 0
+        self._inflight_at_update = 0
         return out
