@@ -35,6 +35,8 @@ class HFEngineClient:
         self.aborted: set[str] = set()
         self.inflight: set[str] = set()
         self.requests: list[dict[str, Any]] = []
+        self.outputs: list[list[int]] = []
+        self.abort_log: list[str] = []
         self._ids = itertools.count()
 
     def force_next(self, token_ids: list[int]) -> None:
@@ -83,6 +85,7 @@ class HFEngineClient:
         finally:
             self.inflight.discard(rid)
             self.aborted.discard(rid)
+            self.outputs.append(list(out_ids))
         return GenerateResult(
             rid=rid,
             output_ids=out_ids,
@@ -108,6 +111,7 @@ class HFEngineClient:
         return None
 
     async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        self.abort_log.append("*" if abort_all else str(rid))
         if abort_all:
             self.aborted |= self.inflight
         elif rid is not None and rid in self.inflight:
