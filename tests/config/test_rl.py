@@ -217,3 +217,31 @@ def test_launcher_sub_config_files_reload_into_each_command(tmp_path: Path) -> N
     paths = write_sub_configs(cfg, tmp_path / "configs")
     for name, cls in SUBS.items():
         assert load_config(cls, ["@", str(paths[name])]) == getattr(cfg, name), name
+
+
+def test_assignment_revalidates_and_propagates_again() -> None:
+    cfg = RLConfig(trainer=TrainerConfig(num_processes=2))
+    cfg.seq_len = 640
+    cfg.max_steps = 3
+    assert cfg.trainer.seq_len == cfg.orchestrator.seq_len == cfg.inference.seq_len == 640
+    assert cfg.trainer.max_steps == cfg.orchestrator.max_steps == 3
+    assert cfg.orchestrator.num_train_ranks == 2  # the explicit trainer value survived the re-validation
+    with pytest.raises(ValidationError):
+        cfg.seq_len = 4
+    assert cfg.seq_len == cfg.trainer.seq_len == 640  # a failed assignment changes nothing
+
+
+def test_explicitly_set_dump_reloads() -> None:
+    cfg = load_config(
+        RLConfig, ["--seq-len", "512", "--trainer.num-processes", "2", "--inference.server.port", "1234"]
+    )
+    explicit = cfg.model_dump(exclude_unset=True)
+    assert "seq_len" not in explicit["trainer"]  # propagated values are not "set" in the sections
+    assert RLConfig.model_validate(explicit) == cfg
+
+
+def test_a_section_that_is_not_a_table(tmp_path: Path) -> None:
+    path = write(tmp_path, "rl.toml", 'inference = "fast"\n')
+    assert load_error(["@", path]) == (
+        f"{path}: inference: Input should be a valid dictionary or instance of InferenceConfig (got 'fast')"
+    )

@@ -89,12 +89,50 @@ class RLConfig(BaseConfig):
         if not isinstance(data, dict):
             return data
         data = {key: _as_raw(value) for key, value in data.items()}
-        subs = {name: dict(data.get(name) or {}) for name in SUBSECTIONS}
+        subs = {name: data.get(name, {}) for name in SUBSECTIONS}
+        if not all(isinstance(sub, dict) for sub in subs.values()):
+            return data  # e.g. `inference = "x"`: pydantic reports the section's type
+        subs = {name: dict(sub) for name, sub in subs.items()}
         for name in SHARED_FIELDS:
             _propagate_shared(cls, data, subs, name)
         _propagate_links(subs)
         data.update(subs)
         return data
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assigning a field re-validates the whole config, so a shared value propagates again.
+
+        (pydantic's own `validate_assignment` would keep the before-validator's sub-sections unvalidated.)
+        """
+        if name not in type(self).model_fields:
+            super().__setattr__(name, value)
+            return
+        data = self.model_dump(exclude_unset=True)
+        data[name] = value
+        fresh = type(self).model_validate(data)
+        object.__setattr__(self, "__dict__", fresh.__dict__)
+        object.__setattr__(self, "__pydantic_fields_set__", fresh.__pydantic_fields_set__)
+
+    @model_validator(mode="after")
+    def _forget_propagated(self) -> RLConfig:
+        """Propagated values count as unset in the sub-configs: an `exclude_unset` dump of this config
+        re-validates, and assigning a shared field (`cfg.seq_len = 512`) propagates it again."""
+        for name in SHARED_FIELDS:
+            for sub_name, sub_cls in SUBSECTIONS.items():
+                if name in sub_cls.model_fields:
+                    getattr(self, sub_name).__pydantic_fields_set__.discard(name)
+        subs_raw = {name: getattr(self, name).model_dump() for name in SUBSECTIONS}
+        for target_name, path, _, compute in _links(subs_raw):
+            try:
+                value = compute()
+            except _Unresolved:
+                continue
+            if value is not None:
+                parent = getattr(self, target_name)
+                for segment in path[:-1]:
+                    parent = getattr(parent, segment)
+                parent.__pydantic_fields_set__.discard(path[-1])
+        return self
 
 
 # -------------------------------------------------------------------------------------------- raw data
@@ -174,9 +212,10 @@ def _propagate_shared(cls: type[BaseModel], data: dict[str, Any], subs: dict[str
         _assign(sub_cls, subs[sub_name], (name,), value, target=f"{sub_name}.{name}", source=name)
 
 
-def _propagate_links(subs: dict[str, dict]) -> None:
+def _links(subs: dict[str, dict]) -> list[tuple[str, KeyPath, str, Callable[[], Any]]]:
+    """(target section, key path in it, source name, value from the raw sections) of every derived value."""
     inference, orchestrator, trainer = subs["inference"], subs["orchestrator"], subs["trainer"]
-    links: list[tuple[str, KeyPath, str, Callable[[], Any]]] = [
+    return [
         ("orchestrator", ("inference", "base_urls"), "inference.server.host/port",
          lambda: engine_urls(inference)),
         ("orchestrator", ("inference", "api_key"), "inference.server.api_key",
@@ -188,7 +227,10 @@ def _propagate_links(subs: dict[str, dict]) -> None:
         ("orchestrator", ("num_train_ranks",), "trainer.num_processes",
          lambda: resolved(TrainerConfig, trainer, ("num_processes",))),
     ]  # fmt: skip
-    for target_name, path, source, compute in links:
+
+
+def _propagate_links(subs: dict[str, dict]) -> None:
+    for target_name, path, source, compute in _links(subs):
         try:
             value = compute()
         except _Unresolved:
