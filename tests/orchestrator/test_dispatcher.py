@@ -19,9 +19,12 @@ from prime_async.orchestrator.types import Episode
 class ScriptedSource:
     """Episode `g<gid>-e<i>` takes `latency[(gid, i)]` simulated seconds (default 1 s)."""
 
-    def __init__(self, latency: dict[tuple[int, int], float] | None = None, fail_group: int | None = None):
+    def __init__(
+        self, latency: dict[tuple[int, int], float] | None = None, fail_group: int | None = None, status="ok"
+    ):
         self.latency = latency or {}
         self.fail_group = fail_group
+        self.status = status
 
     @property
     def num_examples(self) -> int:
@@ -33,10 +36,11 @@ class ScriptedSource:
         if gid == self.fail_group:
             raise KeyError("bug in the rollout source")
         return Episode(example_id=example_id, token_ids=[1, 2], loss_mask=[False, True],
-                       sampler_logprobs=[0.0, -1.0], token_versions=[-1, 0], reward=float(idx))  # fmt: skip
+                       sampler_logprobs=[0.0, -1.0], token_versions=[-1, 0], reward=float(idx),
+                       status=self.status)  # fmt: skip
 
 
-def build(source, *, granularity="group", max_inflight=2, k=8, group_size=2, retry=True):
+def build(source, *, granularity="group", max_inflight=2, k=8, group_size=2, retry=True, max_dropped=100):
     loop = asyncio.get_running_loop()
     ledger, data = Ledger(), DataSource(num_examples=10, seed=0, shuffle=False)
     box: list[TrainSink] = []
@@ -49,7 +53,8 @@ def build(source, *, granularity="group", max_inflight=2, k=8, group_size=2, ret
                       sampling={}, retry_unused=retry, clock=loop.time)  # fmt: skip
     unused = "retry" if retry else "drop"
     sink = TrainSink(cfg=SinkConfig(), batch_groups=1, max_off_policy_steps=k, seq_len=64,
-                     unused_handler=unused, max_dropped_groups_per_step=100, listener=disp)  # fmt: skip
+                     unused_handler=unused, max_dropped_groups_per_step=max_dropped,
+                     listener=disp)  # fmt: skip
     box.append(sink)
     disp.attach_sink(sink)
     return disp, admission, ledger, sink, data
@@ -114,6 +119,16 @@ def test_rollout_source_bug_fails_run():
         disp, *_ = build(ScriptedSource(fail_group=1))
         with pytest.raises(KeyError, match="bug in the rollout source"):
             await asyncio.wait_for(disp.run(), timeout=10)
+        await disp.stop()
+
+    run_virtual(go())
+
+
+def test_too_many_dropped_groups_fail_run():
+    async def go():
+        disp, *_ = build(ScriptedSource(status="error"), max_dropped=3)
+        with pytest.raises(RuntimeError, match="max_dropped_groups_per_step = 3"):
+            await asyncio.wait_for(disp.run(), timeout=100)
         await disp.stop()
 
     run_virtual(go())

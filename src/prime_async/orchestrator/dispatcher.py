@@ -123,15 +123,24 @@ class Dispatcher:
             return
         except Exception as exc:  # a RolloutSource bug: fail the run through run()
             logger.exception("episode of group %d raised", group.group_id)
-            self._failure = exc
-            self.admission.notify()
+            self._fail(exc)
             return
         group.episodes = list(episodes)
         group.finished_at = self.clock()
         del self._inflight[group.group_id]
         self._set_idle_if_empty()
         self.admission.on_group_returned()
-        self.sink.put(group)
+        try:
+            self.sink.put(group)
+        except (
+            Exception
+        ) as exc:  # e.g. max_dropped_groups_per_step: nobody awaits this task, so hand it to run()
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self.admission.notify()
 
     async def _run_episode(self, state: _InFlight, index: int) -> Episode:
         group = state.group
