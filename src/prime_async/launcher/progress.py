@@ -65,7 +65,7 @@ class ProgressView:
             f"reward {_fmt(orch.get('reward/mean'))}",
             f"staleness {_fmt(orch.get('rollout/data_staleness/mean'))}"
             f"/{_fmt(orch.get('rollout/data_staleness/max'))}",
-            f"loss {_fmt(train.get('loss/mean', train.get('loss')))}",
+            f"loss {_fmt(train.get('loss/total'))}",
             f"mismatch_kl {_fmt(train.get('mismatch_kl'), 4)}",
             f"tok/s {_fmt(orch.get('perf/tokens_per_s', orch.get('rollout/tokens_per_s')), 0)}",
             f"ETA {eta:5.0f}s",
