@@ -36,7 +36,7 @@ from megatron.core.distributed import finalize_model_grads as megatron_finalize_
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from prime_async.config.megatron import MegatronConfig, read_hf_config
+from prime_async.config.megatron import MegatronConfig, read_hf_config, validate_megatron_setup
 from prime_async.config.trainer import OptimConfig
 from prime_async.trainer.loss import LossFn, TokenStats
 from prime_async.trainer.megatron.batch import PaddedBatch, pack_logits, unpack
@@ -96,6 +96,7 @@ class MegatronBackend:
         assert dist.is_initialized(), "MegatronBackend needs torch.distributed initialised (torchrun)"
         self.cfg, self.optim_cfg, self.loss_fn = megatron, optim, loss_fn
         self.device, self.max_steps = device, max_steps
+        validate_megatron_setup(megatron, model_path)
         self.hf_config = read_hf_config(model_path)
         init_parallel_state(megatron)
         self.model = build_gpt_model(self.hf_config, megatron, dtype=dtype, device=device)

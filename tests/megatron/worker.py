@@ -1,0 +1,104 @@
+"""Megatron worker for the tests, run under `torchrun --nproc-per-node {1,2}` with the CPU shim.
+
+Writes (rank 0) into --out: `logits.pt` (packed logits of every test row, per model dir), `initial.pt` and
+`after.pt` (the exported HF state dicts before and after one train step) and `metrics.json`.
+All comparisons against HF / the FSDP backend are made by the pytest side, outside this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cpu_shim import apply_cpu_shim  # noqa: E402
+
+apply_cpu_shim()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from batches import make_micro_batches, num_loss_tokens  # noqa: E402
+
+from prime_async.config.megatron import MegatronConfig, read_hf_config  # noqa: E402
+from prime_async.config.trainer import MaskLossConfig, OptimConfig  # noqa: E402
+from prime_async.trainer.loss import build_loss_fn  # noqa: E402
+from prime_async.trainer.megatron.backend import MegatronBackend  # noqa: E402
+from prime_async.trainer.megatron.batch import pack_logits, unpack  # noqa: E402
+from prime_async.trainer.megatron.model import build_gpt_model, load_hf_weights  # noqa: E402
+from prime_async.transport.zmq_batches import RankBatch  # noqa: E402
+
+TEMPERATURE = 0.9
+LR = 1e-3
+
+
+@torch.no_grad()
+def packed_logits(model, mbs, vocab: int, seq_multiple: int) -> list[torch.Tensor]:
+    out = []
+    for mb in mbs:
+        padded = unpack(mb, seq_multiple=seq_multiple)
+        logits = model(padded.input_ids, padded.position_ids, attention_mask=padded.attention_mask)
+        out.append(pack_logits(logits, padded, vocab).clone())
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--extra-model-dir", action="append", default=[])
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--distributed-optimizer", type=int, default=1)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = Path(args.out)
+    cfg = MegatronConfig(
+        tensor_parallel_size=args.tp, use_distributed_optimizer=bool(args.distributed_optimizer)
+    )
+    backend = MegatronBackend(
+        megatron=cfg,
+        model_path=args.model_dir,
+        optim=OptimConfig(lr=LR),
+        loss_fn=build_loss_fn(MaskLossConfig()),
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    seq_multiple = backend._seq_multiple()
+    vocab = backend.vocab_size
+    mbs = make_micro_batches(vocab)
+    logits = {"main": packed_logits(backend.model, mbs, vocab, seq_multiple)}
+    for i, extra in enumerate(args.extra_model_dir):
+        hf = read_hf_config(extra)
+        model = build_gpt_model(hf, cfg, dtype=torch.float32, device=torch.device("cpu"))
+        load_hf_weights(model, extra, hf, cfg)
+        logits[f"extra{i}"] = packed_logits(
+            model, make_micro_batches(hf["vocab_size"]), hf["vocab_size"], seq_multiple
+        )
+    initial = backend.hf_state_dict()
+    # As the orchestrator would: one share per process; the model-parallel peers regroup them.
+    share = RankBatch(
+        step=0,
+        rank=rank,
+        micro_batches=mbs[rank::world],
+        layout=[[mb.num_tokens for mb in mbs[r::world]] for r in range(world)],
+        num_loss_tokens=num_loss_tokens(mbs),
+        temperature=TEMPERATURE,
+        min_dispatch_version=0,
+    )
+    metrics = backend.train_rank_batch(share, step=0)
+    after = backend.hf_state_dict()
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(logits, out / "logits.pt")
+        torch.save(initial, out / "initial.pt")
+        torch.save(after, out / "after.pt")
+        (out / "metrics.json").write_text(json.dumps(metrics))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
