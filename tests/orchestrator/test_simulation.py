@@ -160,3 +160,56 @@ def test_resume_loses_and_duplicates_nothing(tmp_path: Path):
     seen = {p for p in trained} | {tuple(p) for p in leftover}
     assert {(e, 0) for e in range(40)} <= seen  # every epoch-0 prompt trained or still pending: none lost
     assert sum(1 for _, ep in trained if ep == 0) >= 36
+
+
+DESIGN_METRICS = {
+    "rollout/buffer/inflight_groups",
+    "rollout/buffer/size",
+    "rollout/buffer/admission_wait_inflight_limit",
+    "rollout/buffer/admission_wait_buffer_full",
+    "rollout/buffer/dropped_groups",
+    "rollout/data_staleness/mean",
+    "rollout/data_staleness/max",
+    "rollout/version_span/mean",
+    "rollout/queue_steps/mean",
+    "reward/mean",
+    "reward/std",
+    "time/step",
+    "time/wait_data",
+    "time/sync_weights",
+    "rollout/tokens_per_s",
+    "ledger/dispatched",
+    "ledger/trained",
+    "ledger/dropped_stale",
+    "ledger/filtered",
+    "ledger/errored",
+    "ledger/cancelled",
+}
+
+
+def test_every_step_logs_the_design_metrics():
+    cfg = config(max_steps=5, max_off_policy_steps=2)
+    result = run_virtual(run_simulation(cfg, SimParams(seed=5)))
+    for m in result.metrics.values():
+        assert set(m) >= DESIGN_METRICS
+        assert 0.0 <= m["rollout/buffer/admission_wait_buffer_full"] <= 1.0
+
+
+def test_background_failure_ends_the_main_loop():
+    async def go():
+        cfg = config(max_steps=50, max_off_policy_steps=1)
+
+        async def broken(*args, **kwargs):
+            raise RuntimeError("engine 500 on update_weights_from_disk")
+
+        import prime_async.orchestrator.simulation as sim
+
+        original = sim.SimulatedEngine.update_weights_from_disk
+        sim.SimulatedEngine.update_weights_from_disk = broken
+        try:
+            await run_simulation(cfg, SimParams(seed=2))
+        finally:
+            sim.SimulatedEngine.update_weights_from_disk = original
+
+    with pytest.raises(RuntimeError, match="engine 500"):
+        run_virtual(go())
