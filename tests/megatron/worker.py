@@ -1,4 +1,5 @@
-"""Megatron worker for the tests, run under `torchrun --nproc-per-node {1,2}` with the CPU shim.
+"""Megatron worker for the tests, run under `torchrun --nproc-per-node {1,2}`: on CPU with the CPU shim
+(gloo), or with `--device cuda` on GPUs (NCCL, no shim; `tests/megatron/test_megatron_gpu.py`).
 
 Writes (rank 0) into --out: `logits.pt` (packed logits of every test row, per model dir), `initial.pt` and
 `after.pt` (the exported HF state dicts before and after one train step) and `metrics.json`.
@@ -9,18 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cpu_shim import apply_cpu_shim  # noqa: E402
+from cpu_shim import apply_cpu_shim
 
 apply_cpu_shim()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from batches import make_micro_batches, num_loss_tokens  # noqa: E402
+from megatron_batches import make_micro_batches, num_loss_tokens  # noqa: E402
 
 from prime_async.config.megatron import MegatronConfig, read_hf_config  # noqa: E402
 from prime_async.config.trainer import MaskLossConfig, OptimConfig  # noqa: E402
@@ -35,12 +37,12 @@ LR = 1e-3
 
 
 @torch.no_grad()
-def packed_logits(model, mbs, vocab: int, seq_multiple: int) -> list[torch.Tensor]:
+def packed_logits(model, mbs, vocab: int, seq_multiple: int, device: torch.device) -> list[torch.Tensor]:
     out = []
     for mb in mbs:
-        padded = unpack(mb, seq_multiple=seq_multiple)
+        padded = unpack(mb, seq_multiple=seq_multiple, device=device)
         logits = model(padded.input_ids, padded.position_ids, attention_mask=padded.attention_mask)
-        out.append(pack_logits(logits, padded, vocab).clone())
+        out.append(pack_logits(logits, padded, vocab).float().cpu())
     return out
 
 
@@ -50,9 +52,14 @@ def main() -> None:
     ap.add_argument("--extra-model-dir", action="append", default=[])
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--distributed-optimizer", type=int, default=1)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    dist.init_process_group("gloo")
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)
     cfg = MegatronConfig(
@@ -64,18 +71,18 @@ def main() -> None:
         optim=OptimConfig(lr=LR),
         loss_fn=build_loss_fn(MaskLossConfig()),
         dtype=torch.float32,
-        device=torch.device("cpu"),
+        device=device,
     )
     seq_multiple = backend._seq_multiple()
     vocab = backend.vocab_size
     mbs = make_micro_batches(vocab)
-    logits = {"main": packed_logits(backend.model, mbs, vocab, seq_multiple)}
+    logits = {"main": packed_logits(backend.model, mbs, vocab, seq_multiple, device)}
     for i, extra in enumerate(args.extra_model_dir):
         hf = read_hf_config(extra)
-        model = build_gpt_model(hf, cfg, dtype=torch.float32, device=torch.device("cpu"))
+        model = build_gpt_model(hf, cfg, dtype=torch.float32, device=device)
         load_hf_weights(model, extra, hf, cfg)
         logits[f"extra{i}"] = packed_logits(
-            model, make_micro_batches(hf["vocab_size"]), hf["vocab_size"], seq_multiple
+            model, make_micro_batches(hf["vocab_size"]), hf["vocab_size"], seq_multiple, device
         )
     initial = backend.hf_state_dict()
     # As the orchestrator would: one share per process; the model-parallel peers regroup them.

@@ -3,9 +3,10 @@
 `validate_megatron_setup(megatron, model_path)` runs at config validation time, before any process starts,
 and raises a one-line ValueError for each of: the `megatron` extra is not installed, the model's
 architecture is not one the HF <-> megatron weight mapping supports, a parallel size that does not divide
-the model (heads, kv heads, layers), or an unsupported RoPE scaling. The model checks need the model's
-config.json offline (a local dir, or a hub id in the HF cache); when it cannot be found they are deferred,
-and `MegatronBackend` repeats the whole validation on the real directory before building anything.
+the model (heads, kv heads, layers), an unsupported RoPE scaling, or sequence parallelism. The model
+checks need the model's config.json offline (a local dir, or a hub id in the HF cache); when it cannot be
+found they are deferred, and `MegatronBackend` repeats the whole validation on the real directory before
+building anything.
 
 Invariant: this module never imports torch or megatron (it only asks `importlib.util.find_spec`), so
 `--help` and `--dry-run` stay fast; the model's `config.json` is read as plain JSON.
@@ -56,7 +57,9 @@ class MegatronConfig(BaseConfig):
         1, ge=1, le=1, description="Expert-parallel size (1 until MoE families are mapped by the bridge)."
     )
     sequence_parallel: bool = Field(
-        True, description="Megatron sequence parallelism (only has an effect when tensor_parallel_size > 1)."
+        False,
+        description="Megatron sequence parallelism. Not supported yet: it needs the TransformerEngine layer "
+        "spec, and megatron-core's local (torch) norms, which this backend builds, refuse it.",
     )
     use_distributed_optimizer: bool = Field(
         True,
@@ -127,6 +130,11 @@ def validate_megatron_setup(megatron: MegatronConfig, model_path: str | Path) ->
         raise ValueError(
             "trainer.backend = 'megatron' needs megatron-core: install the extra with "
             "`uv sync --extra megatron --inexact`"
+        )
+    if megatron.sequence_parallel:
+        raise ValueError(
+            "trainer.megatron.sequence_parallel = true needs TransformerEngine layer specs, which this "
+            "backend does not build yet (megatron-core's local norms refuse it); set it to false"
         )
     hf = find_hf_config(model_path)
     if hf is None:

@@ -77,6 +77,12 @@ def test_unsupported_setups_fail_early(tmp_path: Path, cfg: dict, overrides: dic
         validate_megatron_setup(MegatronConfig(**cfg), _model_dir(tmp_path, **overrides))
 
 
+@pytest.mark.usefixtures("with_megatron")
+def test_sequence_parallel_is_refused_early(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="sequence_parallel = true needs TransformerEngine"):
+        validate_megatron_setup(MegatronConfig(sequence_parallel=True), _model_dir(tmp_path))
+
+
 def test_parallel_sizes_are_bounded() -> None:
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         MegatronConfig(tensor_parallel_size=0)

@@ -26,7 +26,7 @@ def packed_row(rng: np.random.Generator, sample_lens: list[int], vocab: int) -> 
 
 
 def make_micro_batches(vocab: int, seed: int = 0) -> list[MicroBatch]:
-    """Four rows with 1-3 packed samples of uneven lengths (odd lengths exercise sequence-parallel padding)."""
+    """Four rows with 1-3 packed samples of uneven lengths (odd lengths exercise the padding)."""
     rng = np.random.default_rng(seed)
     layouts = [[11, 7, 5], [17], [9, 12], [6, 6, 8]]
     return [packed_row(rng, lens, vocab) for lens in layouts]
