@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from prime_async.config.base import BaseConfig
+from prime_async.config.megatron import MegatronConfig, validate_megatron_setup
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
     LogConfig,
@@ -142,9 +143,23 @@ class TrainerConfig(BaseConfig):
     )
     seed: int = Field(0, description="Seed of torch RNG (dropout-free models are deterministic anyway).")
     resume: bool = Field(False, description="Continue from the latest complete checkpoint under output_dir.")
+    backend: Literal["fsdp", "megatron"] = Field(
+        "fsdp", description="Training backend: FSDP2 (HF models) or megatron-core (TP/PP, extra `megatron`)."
+    )
+    megatron: MegatronConfig = Field(
+        default_factory=MegatronConfig, description="Megatron-core layout (used when backend = 'megatron')."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
         if self.resume and self.ckpt.interval is None:
             raise ValueError("resume=true needs checkpoints: set ckpt.interval")
+        return self
+
+    @model_validator(mode="after")
+    def _check_megatron(self) -> TrainerConfig:
+        if self.backend == "megatron":
+            validate_megatron_setup(self.megatron, self.model.path)
+            if self.ckpt.interval is not None or self.resume:
+                raise ValueError("backend = 'megatron' has no checkpoints yet: unset ckpt.interval, resume")
         return self
