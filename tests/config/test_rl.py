@@ -245,3 +245,13 @@ def test_a_section_that_is_not_a_table(tmp_path: Path) -> None:
     assert load_error(["@", path]) == (
         f"{path}: inference: Input should be a valid dictionary or instance of InferenceConfig (got 'fast')"
     )
+
+
+def test_sections_given_as_instances_keep_their_union_variant() -> None:
+    from prime_async.config.rl import explicit_values
+    from prime_async.config.trainer import M2POLossConfig
+
+    cfg = RLConfig(trainer=TrainerConfig(loss=M2POLossConfig()))  # `type` is a default, not "set"
+    cfg.max_steps = 4
+    assert cfg.trainer.loss == M2POLossConfig() and cfg.trainer.max_steps == 4
+    assert RLConfig.model_validate(explicit_values(cfg)) == cfg

@@ -29,9 +29,10 @@ This module imports the three component schemas, so a broken schema breaks only 
 from __future__ import annotations
 
 import ipaddress
+import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
@@ -107,7 +108,7 @@ class RLConfig(BaseConfig):
         if name not in type(self).model_fields:
             super().__setattr__(name, value)
             return
-        data = self.model_dump(exclude_unset=True)
+        data = explicit_values(self)
         data[name] = value
         fresh = type(self).model_validate(data)
         object.__setattr__(self, "__dict__", fresh.__dict__)
@@ -115,8 +116,8 @@ class RLConfig(BaseConfig):
 
     @model_validator(mode="after")
     def _forget_propagated(self) -> RLConfig:
-        """Propagated values count as unset in the sub-configs: an `exclude_unset` dump of this config
-        re-validates, and assigning a shared field (`cfg.seq_len = 512`) propagates it again."""
+        """Propagated values count as unset in the sub-configs: `explicit_values(cfg)` re-validates into
+        the same config, and assigning a shared field (`cfg.seq_len = 512`) propagates it again."""
         for name in SHARED_FIELDS:
             for sub_name, sub_cls in SUBSECTIONS.items():
                 if name in sub_cls.model_fields:
@@ -145,10 +146,22 @@ class _Unresolved(Exception):
 def _as_raw(value: Any) -> Any:
     """Sub-configs given as model instances (Python callers) become dicts of their explicitly set values."""
     if isinstance(value, BaseModel):
-        return value.model_dump(exclude_unset=True)
+        return explicit_values(value)
     if isinstance(value, dict):
         return {key: _as_raw(item) for key, item in value.items()}
     return value
+
+
+def explicit_values(model: BaseModel) -> dict[str, Any]:
+    """The explicitly set fields of `model`, recursively, plus every union tag (a one-value `Literal`,
+    e.g. `type = "mask"`) so that the dict validates into the same variant again."""
+    out: dict[str, Any] = {}
+    for name, info in type(model).model_fields.items():
+        is_tag = typing.get_origin(info.annotation) is Literal and len(typing.get_args(info.annotation)) == 1
+        if name in model.model_fields_set or is_tag:
+            value = getattr(model, name)
+            out[name] = explicit_values(value) if isinstance(value, BaseModel) else value
+    return out
 
 
 def _adapter(info: Any) -> TypeAdapter:
