@@ -47,7 +47,7 @@ def test_three_steps_then_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     out, log = tmp_path / "run", tmp_path / "trainer.log"
-    tcfg = transport_cfg(timeout_s=120)
+    tcfg = transport_cfg(timeout_s=600)
     config = write_config(
         tmp_path / "t.toml", model_dir=tiny_model_dir, output_dir=out, transport=tcfg, max_steps=3
     )
@@ -99,7 +99,7 @@ def test_torchrun_two_ranks_match_one(tiny_model_dir: Path, tmp_path: Path) -> N
     losses = {}
     for nproc in (None, 2):
         out, log = tmp_path / f"run{nproc}", tmp_path / f"trainer{nproc}.log"
-        tcfg = transport_cfg(timeout_s=120)
+        tcfg = transport_cfg(timeout_s=600)
         config = write_config(
             tmp_path / f"t{nproc}.toml",
             model_dir=tiny_model_dir,

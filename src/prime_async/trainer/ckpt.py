@@ -49,8 +49,8 @@ def checkpoint_root(output_dir: Path) -> Path:
     return Path(output_dir) / "checkpoints" / "trainer"
 
 
-def checkpoint_steps(output_dir: Path) -> list[int]:
-    """Steps of complete checkpoints, ascending."""
+def checkpoint_steps(output_dir: Path, *, warn: bool = True) -> list[int]:
+    """Steps of complete checkpoints, ascending (incomplete ones are skipped, with a warning if `warn`)."""
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
@@ -59,7 +59,7 @@ def checkpoint_steps(output_dir: Path) -> list[int]:
         if p.name.startswith("step_") and p.name[5:].isdigit():
             if (p / COMPLETE).is_file():
                 steps.append(int(p.name[5:]))
-            else:
+            elif warn:
                 logger.warning("skipping incomplete checkpoint %s (no %s marker)", p, COMPLETE)
     return sorted(steps)
 
@@ -99,7 +99,7 @@ def save_checkpoint(*, output_dir: Path, step: int, model, optimizer, scheduler,
             shutil.rmtree(final)
         os.replace(tmp, final)
         if keep is not None:
-            for old in checkpoint_steps(output_dir)[:-keep]:
+            for old in checkpoint_steps(output_dir, warn=False)[:-keep]:
                 shutil.rmtree(root / f"step_{old}", ignore_errors=True)
         logger.info("checkpoint saved: %s", final)
     _barrier()

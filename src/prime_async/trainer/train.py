@@ -265,7 +265,9 @@ class Trainer:
     def publish(self, version: int) -> None:
         state = full_model_state_dict(self.model)  # collective under FSDP
         if self.publisher is not None:
-            self.publisher.publish(state, version, protected=checkpoint_steps(self.cfg.output_dir))
+            self.publisher.publish(
+                state, version, protected=checkpoint_steps(self.cfg.output_dir, warn=False)
+            )
 
     def run_step(self) -> dict[str, float]:
         n = self.step

@@ -3,7 +3,7 @@
 Called by `trainer/megatron/backend.py` once per rank, after `torch.distributed` is initialised.
 
 Steps, each a function: `init_parallel_state` (TP/PP groups from `MegatronConfig`), `build_gpt_model`
-(TransformerConfig + local layer spec, no random init: the HF weights overwrite everything),
+(TransformerConfig + local layer spec; its random init is overwritten by the HF weights),
 `load_hf_weights` (each rank reads only the tensors of its pipeline stage and keeps its TP shard),
 `export_hf_state_dict` (TP all-gather, PP gather to global rank 0, HF names).
 
@@ -89,7 +89,9 @@ def transformer_config(hf: dict[str, Any], cfg: MegatronConfig, *, dtype: torch.
         variable_seq_lengths=True,
         moe_token_dispatcher_type="alltoall",
         use_cpu_initialization=device.type == "cpu",
-        perform_initialization=False,
+        # Random init is overwritten by the HF weights, but megatron-core 0.16 sets the tensor-parallel
+        # attributes of a weight (which grad-norm and optimizer sharding rely on) only inside its init.
+        perform_initialization=True,
         # The fused kernels below need CUDA extensions (apex/TE) that are not dependencies of this project.
         masked_softmax_fusion=False,
         bias_activation_fusion=False,
@@ -113,7 +115,7 @@ def model_shape(hf: dict[str, Any], cfg: MegatronConfig) -> ModelShape:
 def build_gpt_model(
     hf: dict[str, Any], cfg: MegatronConfig, *, dtype: torch.dtype, device: torch.device
 ) -> GPTModel:
-    """This rank's GPTModel (its pipeline stage, its TP shards), parameters uninitialised."""
+    """This rank's GPTModel (its pipeline stage, its TP shards), randomly initialised."""
     tcfg = transformer_config(hf, cfg, dtype=dtype, device=device)
     rope = rope_settings(hf)
     model = GPTModel(
@@ -200,7 +202,8 @@ def export_hf_state_dict(model: GPTModel, hf: dict[str, Any], cfg: MegatronConfi
     """
     stage = stage_layout(model)
     full = {name: _gather_tp(name, p.detach()) for name, p in model.named_parameters()}
-    part = megatron_to_hf({k: v.cpu() for k, v in full.items()}, model_shape(hf, cfg), stage)
+    # Copies (never views of live parameters): the caller may keep them while training goes on.
+    part = megatron_to_hf({k: v.to("cpu", copy=True) for k, v in full.items()}, model_shape(hf, cfg), stage)
     if mpu.get_pipeline_model_parallel_world_size() == 1:
         return part if dist.get_rank() == 0 else None
     is_root = mpu.get_data_parallel_rank() == 0 and mpu.get_tensor_model_parallel_rank() == 0
