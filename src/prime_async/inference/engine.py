@@ -97,7 +97,8 @@ class Engine:
     ):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cpu":
+        self._num_threads = num_threads if device == "cpu" else None
+        if self._num_threads:
             torch.set_num_threads(num_threads)
         self.runner = ModelRunner(
             model_path=model_path, dtype=dtype, device=device,
@@ -189,6 +190,8 @@ class Engine:
 
     # ---- engine thread -------------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self._num_threads:  # OpenMP's thread count is per thread: set it where the model runs
+            torch.set_num_threads(self._num_threads)
         while not self._stop:
             self._wake.clear()
             try:
@@ -255,9 +258,9 @@ class Engine:
 
     def _decode_step(self) -> None:
         dev = self.runner.device
+        positions = [r.kv_len for r in self._running]
         ids = torch.tensor([r.output_ids[-1] for r in self._running], device=dev)
-        pos = torch.tensor([r.kv_len for r in self._running], device=dev)
-        logits = self.runner.decode(ids, pos)
+        logits = self.runner.decode(ids, torch.tensor(positions, device=dev), max(positions) + 1)
         self._append_tokens(self._running, logits)
         self._remove_finished()
 

@@ -26,9 +26,20 @@ logger = logging.getLogger(__name__)
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # hand-written: F.rms_norm on CPU decomposes into ~10 ops with dtype round trips (slower here)
+    if x.dtype != torch.float32:
+        xf = x.float()
+        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _joint_norm_weight(att, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
+    """q_norm / k_norm weights (Qwen3) stacked per head: (H + KVH, D), or None without qk-norm."""
+    if getattr(att, "q_norm", None) is None:
+        return None
+    q_w, k_w = att.q_norm.weight, att.k_norm.weight
+    return torch.cat([q_w.expand(num_heads, -1), k_w.expand(num_kv_heads, -1)])
 
 
 class ModelRunner:
@@ -59,7 +70,7 @@ class ModelRunner:
         self.capacity = 0
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
-        self.ensure_capacity(chunk)
+        self.ensure_capacity(min(chunk, max_len))
 
     # ---- weights -------------------------------------------------------------------------------------
     def _build_rope_table(self) -> None:
@@ -68,6 +79,11 @@ class ModelRunner:
         probe = torch.zeros(1, device=self.device, dtype=self.dtype)
         cos, sin = self.model.model.rotary_emb(probe, pos)
         self.cos, self.sin = cos[0], sin[0]  # (max_len, head_dim)
+        half = self.head_dim // 2
+        eye = torch.eye(half, device=self.device, dtype=self.dtype)
+        self.rot = torch.zeros(self.head_dim, self.head_dim, device=self.device, dtype=self.dtype)
+        self.rot[half:, :half] = -eye  # x @ rot == cat(-x2, x1) == rotate_half(x)
+        self.rot[:half, half:] = eye
 
     @torch.no_grad()
     def _fuse_weights(self) -> None:
@@ -86,8 +102,7 @@ class ModelRunner:
                     "qkv_b": qkv_b,
                     "o": att.o_proj.weight,
                     "o_b": att.o_proj.bias,
-                    "q_norm": getattr(getattr(att, "q_norm", None), "weight", None),
-                    "k_norm": getattr(getattr(att, "k_norm", None), "weight", None),
+                    "qk_norm": _joint_norm_weight(att, self.num_heads, self.num_kv_heads),
                     "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
                     "down": mlp.down_proj.weight,
                     "act": mlp.act_fn,
@@ -135,11 +150,12 @@ class ModelRunner:
 
     # ---- KV cache ------------------------------------------------------------------------------------
     def ensure_capacity(self, length: int) -> None:
-        """Grow every slot to hold `length` positions (in chunks, at most max_len), keeping contents."""
+        """Grow every slot to hold `length` positions (doubling, chunk-aligned, <= max_len)."""
         if length <= self.capacity:
             return
         assert length <= self.max_len, f"length {length} exceeds max_len {self.max_len}"
-        cap = min(self.max_len, -(-length // self.chunk) * self.chunk)
+        # geometric growth: O(log) reallocations (each copies every slot) over a long request
+        cap = min(self.max_len, -(-max(length, 2 * self.capacity) // self.chunk) * self.chunk)
         shape = (self.num_slots, self.num_kv_heads, cap, self.head_dim)
         new_k, new_v = [], []
         for i in range(len(self.layers)):
@@ -162,28 +178,28 @@ class ModelRunner:
         """Drop the cache back to one chunk (used by flush when nothing holds KV)."""
         self.capacity = 0
         self.k_cache, self.v_cache = [], []
-        self.ensure_capacity(self.chunk)
+        self.ensure_capacity(min(self.chunk, self.max_len))
 
     # ---- forward -------------------------------------------------------------------------------------
     def _qkv(self, lw: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x (N, hidden) -> q (N, H, D), k/v (N, KVH, D) with q/k-norm and RoPE applied."""
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(x, lw["qkv"], lw["qkv_b"])
-        q, k, v = qkv.split([h * d, kvh * d, kvh * d], dim=-1)
-        q, k, v = q.view(-1, h, d), k.view(-1, kvh, d), v.view(-1, kvh, d)
-        if lw["q_norm"] is not None:
-            q = F.rms_norm(q, (d,), lw["q_norm"], self.eps)
-            k = F.rms_norm(k, (d,), lw["k_norm"], self.eps)
-        cos, sin = cos[:, None], sin[:, None]  # (N, 1, D)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        # q and k heads side by side (N, H + KVH, D): one norm and one RoPE for both (fewer CPU ops)
+        qk, v = qkv.split([(h + kvh) * d, kvh * d], dim=-1)
+        qk, v = qk.reshape(-1, h + kvh, d), v.view(-1, kvh, d)
+        if lw["qk_norm"] is not None:
+            qk = _rms_norm(qk, lw["qk_norm"], self.eps)
+        qk = qk * cos[:, None] + (qk @ self.rot) * sin[:, None]  # rotate_half as a (D, D) matmul
+        return qk[:, :h], qk[:, h:], v
 
     def _mlp(self, lw: dict, h: torch.Tensor) -> torch.Tensor:
-        x = F.rms_norm(h, (h.shape[-1],), lw["ln2"], self.eps)
+        x = _rms_norm(h, lw["ln2"], self.eps)
         gate, up = F.linear(x, lw["gate_up"]).chunk(2, dim=-1)
         return h + F.linear(lw["act"](gate) * up, lw["down"])
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        h = F.rms_norm(h, (h.shape[-1],), self.final_norm, self.eps)
+        h = _rms_norm(h, self.final_norm, self.eps)
         return F.linear(h, self.lm_head).float()
 
     @torch.inference_mode()
@@ -195,7 +211,7 @@ class ModelRunner:
         h = F.embedding(ids, self.embed)  # (T, hidden)
         cos, sin = self.cos[:t], self.sin[:t]
         for i, lw in enumerate(self.layers):
-            x = F.rms_norm(h, (h.shape[-1],), lw["ln1"], self.eps)
+            x = _rms_norm(h, lw["ln1"], self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)  # (T, H|KVH, D)
             self.k_cache[i][slot, :, :t] = k.transpose(0, 1)
             self.v_cache[i][slot, :, :t] = v.transpose(0, 1)
@@ -211,19 +227,19 @@ class ModelRunner:
         return self._logits(h[-1:])[0]
 
     @torch.inference_mode()
-    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One step for slots 0..B-1: token_ids/positions (B,) -> logits (B, V)."""
+    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+        """One step for slots 0..B-1: token_ids/positions (B,), length = max(positions) + 1 -> (B, V)."""
         b = token_ids.shape[0]
-        length = int(positions.max()) + 1
         self.ensure_capacity(length)
         h = F.embedding(token_ids, self.embed)  # (B, hidden)
         cos, sin = self.cos[positions], self.sin[positions]
         rows = torch.arange(b, device=self.device)
-        mask = (torch.arange(length, device=self.device)[None] <= positions[:, None])[
-            :, None, None
-        ]  # (B,1,1,L)
+        visible = torch.arange(length, device=self.device)[None] <= positions[:, None]
+        # additive float mask built once per step (a bool mask is converted again in every layer)
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None]  # (B, 1, 1, L)
         for i, lw in enumerate(self.layers):
-            x = F.rms_norm(h, (h.shape[-1],), lw["ln1"], self.eps)
+            x = _rms_norm(h, lw["ln1"], self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)
             kc, vc = self.k_cache[i], self.v_cache[i]
             kc[rows, :, positions] = k

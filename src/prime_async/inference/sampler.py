@@ -50,6 +50,16 @@ def _truncate(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor
     return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
 
 
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw per row (probs (N, V) unnormalized, u (N,) uniform in [0, 1)).
+
+    torch.multinomial on CPU spends ~1.8 ms per (8, 1024) call in exponential_; this is far cheaper.
+    """
+    cdf = probs.cumsum(-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
@@ -72,11 +82,11 @@ def sample(
             probs[trunc] = _truncate(probs[trunc], [params[stochastic[j]] for j in trunc])
         shared = [j for j, i in enumerate(stochastic) if generators[i] is None]
         if shared:
-            drawn = torch.multinomial(probs[shared], 1, generator=default_generator)[:, 0]
-            tokens[[stochastic[j] for j in shared]] = drawn
+            u = torch.rand(len(shared), generator=default_generator, device=probs.device)
+            tokens[[stochastic[j] for j in shared]] = _draw(probs[shared], u)
         for j, i in enumerate(stochastic):
             gen = generators[i]
             if gen is not None:
-                tokens[i] = torch.multinomial(probs[j], 1, generator=gen)[0]
-    logprobs = logp_bv.gather(-1, tokens[:, None])[:, 0]
+                tokens[i] = _draw(probs[j : j + 1], torch.rand(1, generator=gen, device=probs.device))[0]
+    logprobs = logp_bv[torch.arange(b, device=logits.device), tokens]
     return tokens.tolist(), logprobs.tolist()
