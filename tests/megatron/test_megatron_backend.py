@@ -195,7 +195,9 @@ def _check_train_step(run: Path, fsdp_reference) -> None:
     moved = 0.0
     for name, tensor in after.items():
         err = (tensor - ref_weights[name]).abs().max().item()
-        assert err < 2e-5, f"{name}: updated weight differs from the FSDP step by {err:.2e}"
+        # Adam's first step is ~lr * sign(grad): a wrong gradient flips signs (error ~2 * lr = 2e-3), while
+        # float noise matters only where |grad| ~ eps.
+        assert err < 1e-4, f"{name}: updated weight differs from the FSDP step by {err:.2e}"
         moved = max(moved, (tensor - initial[name]).abs().max().item())
     assert moved > 1e-4, "the step did not change the weights"
 

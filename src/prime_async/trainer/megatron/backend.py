@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -241,8 +242,8 @@ class MegatronBackend:
             for r in results:
                 loss += r["loss"].double().cpu()
                 stats = stats.merge(r["stats"])
-        loss = _all_reduce_sum(loss)
-        merged = stats.all_reduce()
+        loss = _all_reduce_sum(loss, self.device)
+        merged = _on_device(stats, self.device).all_reduce()
         return {
             "loss/total": float(loss),
             **merged.metrics(),
@@ -262,11 +263,14 @@ def _finalize_without_token_scaling(model, num_tokens, **kwargs) -> None:
     megatron_finalize_model_grads(model, None, **kwargs)
 
 
-def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+def _all_reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if dist.get_world_size() == 1:
         return t
-    # gloo and NCCL both take float64 sums; NCCL needs the tensor on the GPU.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    out = t.to(device)
+    out = t.to(device)  # NCCL reduces only GPU tensors
     dist.all_reduce(out)
     return out.cpu()
+
+
+def _on_device(stats: TokenStats, device: torch.device) -> TokenStats:
+    """TokenStats are built on the CPU; NCCL reduces only GPU tensors."""
+    return TokenStats(*(getattr(stats, f.name).to(device) for f in dataclasses.fields(stats)))
