@@ -12,7 +12,7 @@ import torch
 from prime_async.config.trainer import MaskLossConfig, OptimConfig, TrainerConfig
 from prime_async.trainer.ckpt import checkpoint_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from prime_async.trainer.loss import NonFiniteError, build_loss_fn
-from prime_async.trainer.train import build_optimizer, lr_factor, train_step
+from prime_async.trainer.train import build_optimizer, check_staleness, lr_factor, train_step
 from prime_async.trainer.weights import WeightPublisher
 from prime_async.transport.synthetic import make_batch
 from prime_async.transport.zmq_batches import RankBatch
@@ -133,3 +133,12 @@ def test_train_step_rejects_non_finite_and_bad_rows(model) -> None:
             loss_fn=build_loss_fn(cfg.loss),
             world_size=1,
         )
+
+
+def test_staleness_defence_in_depth() -> None:
+    batch = _rank_batch(step=5)
+    batch.min_dispatch_version = 3
+    check_staleness(batch, 2)
+    check_staleness(batch, None)
+    with pytest.raises(RuntimeError, match="staleness 2 > max_off_policy_steps=1"):
+        check_staleness(batch, 1)

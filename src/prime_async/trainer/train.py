@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ from prime_async.trainer.ckpt import (
 )
 from prime_async.trainer.loss import LossFn, TokenStats, build_loss_fn
 from prime_async.trainer.parallelize import parallelize
-from prime_async.trainer.weights import WeightPublisher
+from prime_async.trainer.weights import WeightBroadcastHook, WeightPublisher
 from prime_async.transport.types import MicroBatch
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
 
@@ -149,6 +150,16 @@ def micro_batch_pass(
     return float(out.loss.detach()), stats
 
 
+def check_staleness(batch: RankBatch, max_off_policy_steps: int | None) -> None:
+    """Defence in depth behind the train sink's sweep: no group older than K versions is trained."""
+    k = max_off_policy_steps
+    if k is not None and batch.step - batch.min_dispatch_version > k:
+        raise RuntimeError(
+            f"batch {batch.step} holds a group dispatched at version {batch.min_dispatch_version}: "
+            f"staleness {batch.step - batch.min_dispatch_version} > max_off_policy_steps={k}"
+        )
+
+
 # -- one step ----------------------------------------------------------------------------------------------
 def train_step(
     model, optimizer, scheduler, batch: RankBatch, *, cfg: TrainerConfig, loss_fn, world_size: int
@@ -193,8 +204,9 @@ def train_step(
 class Trainer:
     """Owns model, optimizer, receiver, publisher and monitor; `run()` is the loop."""
 
-    def __init__(self, *, cfg: TrainerConfig):
+    def __init__(self, *, cfg: TrainerConfig, hooks: Sequence[WeightBroadcastHook] = ()):
         self.cfg = cfg
+        self.hooks = list(hooks)  # e.g. an NCCL broadcast to engines (interface only so far)
         self.rank, self.world_size, self.device = setup_distributed()
         torch.set_num_threads(cfg.threads or (1 if self.device.type == "cpu" else torch.get_num_threads()))
         torch.manual_seed(cfg.seed)
@@ -254,27 +266,21 @@ class Trainer:
             config=self.cfg.model_dump(mode="json"),
         )
 
-    def _check_staleness(self, batch: RankBatch) -> None:
-        k = self.cfg.max_off_policy_steps
-        if k is not None and batch.step - batch.min_dispatch_version > k:
-            raise RuntimeError(
-                f"batch {batch.step} holds a group dispatched at version {batch.min_dispatch_version}: "
-                f"staleness {batch.step - batch.min_dispatch_version} > max_off_policy_steps={k}"
-            )
-
     def publish(self, version: int) -> None:
         state = full_model_state_dict(self.model)  # collective under FSDP
         if self.publisher is not None:
             self.publisher.publish(
                 state, version, protected=checkpoint_steps(self.cfg.output_dir, warn=False)
             )
+        for hook in self.hooks:
+            hook.on_weights(version=version, model=self.model)
 
     def run_step(self) -> dict[str, float]:
         n = self.step
         t0 = time.perf_counter()
         batch = self.receiver.receive(n)
         t1 = time.perf_counter()
-        self._check_staleness(batch)
+        check_staleness(batch, self.cfg.max_off_policy_steps)
         metrics = train_step(
             self.model,
             self.optimizer,
