@@ -9,8 +9,10 @@ flight.
 
     uv run python scripts/bench_env_overhead.py [--episodes 20] [--concurrency 8] [--runners inprocess]
 
-The `subprocess` runner is verifiers' `null` harness program; its first episode bootstraps the program
-with `uv sync --script` (needs the package index or a warm uv cache) and is excluded from the figures.
+Runners (`env.runner`): `inprocess` (the default: in-process chat harness), `subprocess` (verifiers'
+`null` harness program per episode), `env_server` (verifiers' env server process over ZeroMQ + the `null`
+harness program: prime-rl's path). The `null` program's first run bootstraps it with `uv sync --script`
+(needs the package index or a warm uv cache); each runner's first episode is a warm-up, not timed.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def main() -> None:
     parser.add_argument("--env", default="reverse-text")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--runners", nargs="+", default=["inprocess", "subprocess"])
+    parser.add_argument("--runners", nargs="+", default=["inprocess", "subprocess", "env_server"])
     args = parser.parse_args()
 
     import torch

@@ -286,14 +286,16 @@ def test_episode_against_embedded_engine_process(tiny_model_dir: Path, tmp_path:
 
 
 @pytest.mark.slow
-def test_subprocess_runner_episode(engine: HFEngineClient, tiny_model_dir: Path) -> None:
-    """verifiers' own `null` harness program (needs its `uv sync --script` bootstrap: index or warm cache)."""
+@pytest.mark.parametrize("runner", ["subprocess", "env_server"])
+def test_null_harness_runners(engine: HFEngineClient, tiny_model_dir: Path, runner: str) -> None:
+    """verifiers' own `null` harness program, in this process's env or in verifiers' env server process
+    (needs the program's `uv sync --script` bootstrap: package index or warm uv cache)."""
 
     async def body(source: VerifiersRolloutSource) -> Episode:
         engine.force_next([300, 301, 302, engine.model.config.eos_token_id])
         return await source.run_episode(example_id=0, engine_key="0", sampling=SAMPLING)
 
-    env_cfg = EnvConfig(id="reverse-text", runner="subprocess", args={"num_examples": 2})
+    env_cfg = EnvConfig(id="reverse-text", runner=runner, args={"num_examples": 2})
     ep = run_with_source(env_cfg, [engine], tiny_model_dir, 512, body)
     assert ep.status == "ok", ep.error
     check_alignment(ep, version=7)

@@ -17,12 +17,13 @@ class EnvConfig(BaseConfig):
         default_factory=dict,
         description="Fields of the environment's taskset config, e.g. {num_examples = 1000, seed = 0}.",
     )
-    runner: Literal["inprocess", "subprocess"] = Field(
+    runner: Literal["inprocess", "subprocess", "env_server"] = Field(
         "inprocess",
         description="How verifiers runs each episode's harness: `inprocess` = an in-process chat harness "
         "(no subprocess, no network; the default); `subprocess` = verifiers' `null` harness "
         "program in the subprocess runtime (first use bootstraps it with `uv sync --script`, which "
-        "needs the package index or a warm uv cache).",
+        "needs the package index or a warm uv cache); `env_server` = verifiers' env server in a spawned "
+        "process (what prime-rl runs) with the `null` harness program, reached over ZeroMQ.",
     )
     renderer: dict[str, Any] = Field(
         default_factory=lambda: {"name": "default"},

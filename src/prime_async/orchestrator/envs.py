@@ -3,6 +3,7 @@ against inference through the token gateway.
 
     dispatcher ──run_episode(example_id, engine_key, sampling)──► VerifiersRolloutSource
         verifiers Env.run_episode(task, ModelContext(model=<gateway session key>, client=TrainClientConfig))
+          (runner `env_server`: the same call inside verifiers' env server process, over ZeroMQ)
           harness (in-process chat loop | `null` program in a subprocess) ──► interception server
             ──► TrainClient (renders the chat template to token ids) ──POST /inference/v1/generate──► Gateway
                 ──► EngineClient.generate on the session's sticky engine (SGLang /generate)
@@ -69,6 +70,7 @@ class VerifiersRolloutSource:
         self._tasks: list[Any] = []
         self._client_cfg: Any = None
         self._serving: asyncio.Task[None] | None = None
+        self._env_server: Any = None
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self.counts: dict[str, int] = {"ok": 0, "error": 0, "aborted": 0, "cancelled": 0}
@@ -98,6 +100,28 @@ class VerifiersRolloutSource:
             renderer=self.env_cfg.renderer,
             renderer_model_name=self.model_path,
         )
+        if self.env_cfg.runner == "env_server":
+            await self._start_env_server(config)
+        else:
+            await self._start_serving()
+        logger.info(
+            "env %s: %d examples, runner=%s, gateway %s (%.1fs)",
+            self.env_cfg.id, len(self._tasks), self.env_cfg.runner, self.gateway.base_url,
+            time.perf_counter() - t0,
+        )  # fmt: skip
+
+    async def _start_env_server(self, config: Any) -> None:
+        from prime_async.orchestrator.rollout_env_server import EnvServerRunner
+
+        self._env_server = EnvServerRunner()
+        try:
+            await self._env_server.start(config)
+        except BaseException:
+            await self.gateway.stop()
+            raise
+        self._ready.set()
+
+    async def _start_serving(self) -> None:
         self._serving = asyncio.create_task(self._serve(), name="verifiers-serving")
         ready = asyncio.create_task(self._ready.wait())
         await asyncio.wait({ready, self._serving}, return_when=asyncio.FIRST_COMPLETED)
@@ -106,11 +130,6 @@ class VerifiersRolloutSource:
             await self.gateway.stop()
             self._serving.result()  # re-raise the serving failure
             raise RuntimeError("verifiers serving exited during startup")
-        logger.info(
-            "env %s: %d examples, runner=%s, gateway %s (%.1fs)",
-            self.env_cfg.id, len(self._tasks), self.env_cfg.runner, self.gateway.base_url,
-            time.perf_counter() - t0,
-        )  # fmt: skip
 
     async def _serve(self) -> None:
         # verifiers' serving resources (interception servers, shared tools) are entered and exited in
@@ -121,6 +140,8 @@ class VerifiersRolloutSource:
 
     async def stop(self) -> None:
         self._stop.set()
+        if self._env_server is not None:
+            await self._env_server.stop()
         if self._serving is not None:
             try:
                 await asyncio.wait_for(self._serving, timeout=30)
@@ -139,9 +160,9 @@ class VerifiersRolloutSource:
         await self.stop()
 
     def _check_serving(self) -> None:
-        if self._serving is None or not self._ready.is_set():
+        if not self._ready.is_set():
             raise RuntimeError("rollout source is not started")
-        if self._serving.done():
+        if self._serving is not None and self._serving.done():
             error = None if self._serving.cancelled() else self._serving.exception()
             raise RuntimeError(f"verifiers serving stopped: {error!r}")
 
@@ -158,7 +179,11 @@ class VerifiersRolloutSource:
         )
         t0 = time.perf_counter()
         try:
-            vf_episode = await self._env.run_episode(self._tasks[example_id], ctx)
+            task = self._tasks[example_id]
+            if self._env_server is not None:
+                vf_episode = await self._env_server.run(task, ctx)
+            else:
+                vf_episode = await self._env.run_episode(task, ctx)
             episode = build_episode(
                 example_id=example_id, vf_episode=vf_episode, session=session, seq_len=self.seq_len
             )
