@@ -1,0 +1,162 @@
+"""Unit tests of the inference pieces that need no engine process: config, launcher command lines,
+version spans, client parsing, sampler truncation, and API-key protection (in-process app)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from prime_async.config.inference import InferenceConfig
+from prime_async.inference.api import version_spans
+from prime_async.inference.client import parse_generate, parse_version, token_versions
+from prime_async.inference.sampler import SamplingParams, _truncate, sample
+from prime_async.inference.sglang_launcher import build_launch_specs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "path", sorted(ROOT.glob("configs/*/inference*.toml")), ids=lambda p: f"{p.parent.name}-{p.name}"
+)
+def test_inference_tomls_parse(path):
+    with path.open("rb") as f:
+        InferenceConfig.model_validate(tomllib.load(f))
+
+
+def test_config_rejects_exposed_server_without_key_and_unknown_keys():
+    with pytest.raises(ValueError, match="api_key"):
+        InferenceConfig.model_validate({"server": {"host": "0.0.0.0"}})
+    InferenceConfig.model_validate({"server": {"host": "0.0.0.0", "api_key": "k"}})
+    with pytest.raises(ValueError, match="max_running_requests"):
+        InferenceConfig.model_validate({"engine": {"max_running_requests": 0}})
+    with pytest.raises(ValueError, match="extra"):
+        InferenceConfig.model_validate({"engine": {"max_runing_requests": 4}})
+    assert all(f.description for f in InferenceConfig.model_fields.values())
+
+
+def test_launcher_command_lines_for_two_engines():
+    cfg = InferenceConfig.model_validate(
+        {
+            "backend": "sglang",
+            "seq_len": 8192,
+            "weight_version": 3,
+            "model": {"path": "/m/qwen", "dtype": "bfloat16"},
+            "server": {"port": 31000, "api_key": "sek"},
+            "sglang": {"num_engines": 2, "tp": 2, "mem_fraction": 0.6, "max_running_requests": 128,
+                       "extra_args": ["--disable-radix-cache"]},
+        }
+    )  # fmt: skip
+    specs = build_launch_specs(cfg)
+    assert [s.url for s in specs] == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0,1", "2,3"]
+    argv = specs[1].argv
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+
+    def flag(name):
+        return argv[argv.index(name) + 1]
+
+    assert flag("--model-path") == "/m/qwen" and flag("--port") == "31001" and flag("--host") == "127.0.0.1"
+    assert flag("--tp-size") == "2" and flag("--dp-size") == "1" and flag("--mem-fraction-static") == "0.6"
+    assert flag("--context-length") == "8192" and flag("--weight-version") == "3"
+    assert (
+        flag("--max-running-requests") == "128"
+        and flag("--api-key") == "sek"
+        and flag("--dtype") == "bfloat16"
+    )
+    assert "--skip-server-warmup" in argv and argv[-1] == "--disable-radix-cache"
+
+
+def test_launcher_rejects_too_few_gpus():
+    cfg = InferenceConfig.model_validate({"backend": "sglang", "sglang": {"num_engines": 2, "gpu_ids": [0]}})
+    with pytest.raises(ValueError, match="gpu_ids"):
+        build_launch_specs(cfg)
+
+
+def test_version_spans_and_client_expansion_roundtrip():
+    versions = ["1", "1", "2", "2", "2", "3"]
+    spans = version_spans(versions)
+    assert spans == [
+        {"version": "1", "start": 0, "end": 2},
+        {"version": "2", "start": 2, "end": 5},
+        {"version": "3", "start": 5, "end": 6},
+    ]
+    assert token_versions({"weight_versions": spans}, 6) == [1, 1, 2, 2, 2, 3]
+    assert token_versions({"weight_version": "4"}, 2) == [4, 4]
+    assert version_spans([]) == [] and parse_version("default") == 0
+    with pytest.raises(ValueError):
+        token_versions({"weight_versions": spans[:2]}, 6)
+
+
+def test_parse_generate_checks_alignment():
+    body = {
+        "output_ids": [5, 6],
+        "meta_info": {"id": "r", "finish_reason": {"type": "length", "length": 2}, "prompt_tokens": 3,
+                      "weight_version": "2", "weight_versions": [{"version": "2", "start": 0, "end": 2}],
+                      "output_token_logprobs": [[-0.5, 5, None], [-1.5, 6, None]]},
+    }  # fmt: skip
+    res = parse_generate(body, None)
+    assert (
+        res.output_logprobs == [-0.5, -1.5] and res.token_versions == [2, 2] and res.finish_type == "length"
+    )
+    body["meta_info"]["output_token_logprobs"][1][1] = 7
+    with pytest.raises(ValueError, match="align"):
+        parse_generate(body, None)
+
+
+def test_truncation_keeps_top_k_top_p_min_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3)
+    params = [SamplingParams(top_k=2), SamplingParams(top_p=0.8), SamplingParams(min_p=0.5)]
+    kept = _truncate(probs, params) > 0
+    assert kept.tolist() == [
+        [True, True, False, False],
+        [True, True, False, False],
+        [True, True, False, False],
+    ]
+
+
+def test_sampler_logprobs_are_untruncated_and_seeded_rows_reproducible():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.5, sampling_seed=7),
+        SamplingParams(temperature=1.0, top_k=3),
+        SamplingParams(temperature=2.0, top_p=0.5),
+    ]
+    gens = [None, torch.Generator().manual_seed(7), None, None]
+    tokens, logprobs = sample(logits, params, gens, torch.Generator().manual_seed(1))
+    assert tokens[0] == int(logits[0].argmax())
+    assert tokens[2] in logits[2].topk(3).indices.tolist()
+    for i, p in enumerate(params):
+        ref = torch.log_softmax(logits[i] / (p.temperature or 1.0), -1)[tokens[i]]
+        assert logprobs[i] == pytest.approx(float(ref), abs=1e-6)
+    again, _ = sample(logits[1:2], params[1:2], [torch.Generator().manual_seed(7)], torch.Generator())
+    assert again[0] == tokens[1]
+    # empirical distribution of a plain sample matches softmax (inverse-CDF draw is unbiased)
+    row = torch.tensor([[0.0, 1.0, 2.0]])
+    g = torch.Generator().manual_seed(3)
+    counts = torch.zeros(3)
+    for _ in range(3000):
+        counts[sample(row, [SamplingParams()], [None], g)[0][0]] += 1
+    assert torch.allclose(counts / 3000, torch.softmax(row[0], -1), atol=0.03)
+
+
+def test_api_key_protects_admin_routes(tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    from prime_async.inference.engine import Engine
+    from prime_async.inference.server import build_app
+
+    engine = Engine(model_path=str(tiny_model_dir), max_running_requests=4, max_len=64)
+    with TestClient(build_app(engine, api_key="sek")) as client:
+        assert client.get("/health").status_code == 200
+        assert client.post("/pause_generation", json={"mode": "abort"}).status_code == 401
+        assert client.post("/generate", json={"input_ids": [5]}).status_code == 401
+        auth = {"Authorization": "Bearer sek"}
+        r = client.post(
+            "/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 2}}, headers=auth
+        )
+        assert r.status_code == 200 and len(r.json()["output_ids"]) <= 2
