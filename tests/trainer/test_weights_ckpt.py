@@ -142,3 +142,42 @@ def test_staleness_defence_in_depth() -> None:
     check_staleness(batch, None)
     with pytest.raises(RuntimeError, match="staleness 2 > max_off_policy_steps=1"):
         check_staleness(batch, 1)
+
+
+@pytest.mark.slow
+def test_resume_equals_uninterrupted(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """3 steps + checkpoint + fresh objects + 1 step == 4 steps straight (Adam moments, LR schedule, RNG)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = TrainerConfig(
+        loss=MaskLossConfig(ratio_low=1e-6, ratio_high=1e6),
+        optim=OptimConfig(lr=1e-2, warmup_steps=2, schedule="cosine"),
+        max_steps=4,
+    )
+
+    def fresh():
+        m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
+        o = build_optimizer(cfg.optim, m)
+        return m, o, torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(cfg.optim, s, cfg.max_steps))
+
+    def step(m, o, s, n):
+        return train_step(m, o, s, _rank_batch(n), cfg=cfg, loss_fn=build_loss_fn(cfg.loss), world_size=1)
+
+    straight = fresh()
+    losses = [step(*straight, n)["loss/total"] for n in range(4)]
+    first = fresh()
+    for n in range(3):
+        step(*first, n)
+    save_checkpoint(
+        output_dir=tmp_path, step=3, model=first[0], optimizer=first[1], scheduler=first[2], keep=1
+    )
+    resumed = fresh()
+    assert (
+        load_checkpoint(
+            latest_checkpoint(tmp_path), model=resumed[0], optimizer=resumed[1], scheduler=resumed[2]
+        )
+        == 3
+    )
+    assert step(*resumed, 3)["loss/total"] == pytest.approx(losses[3], rel=1e-6)
+    for k, v in straight[0].state_dict().items():
+        torch.testing.assert_close(resumed[0].state_dict()[k], v)
