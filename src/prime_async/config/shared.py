@@ -58,3 +58,9 @@ class TransportConfig(BaseConfig):
     max_frame_bytes: int = Field(
         2**31, gt=0, description="Frames larger than this are rejected as malformed (no allocation)."
     )
+    resend_window: int = Field(
+        4,
+        ge=1,
+        description="Batches the orchestrator keeps after every rank consumed them, so a trainer restarted "
+        "with --resume can fetch them again; set >= trainer ckpt.interval.",
+    )

@@ -12,7 +12,7 @@ Invariants:
   cached until every rank has asked for a later step (plus `resend_window` newest ones, for restarts);
 - a restarted trainer (`--resume`) reconnects with a fresh identity and asks for its next step; the sender
   serves it from the cache. A step that was evicted gets an `ErrorReply`, and the trainer fails loudly
-  (raise `resend_window` to at least `ckpt.interval` to make every restart servable);
+  (`transport.resend_window` >= the trainer's `ckpt.interval` makes every restart servable);
 - step `n` is answered with batch `n` only; a receiver that gets anything else raises `WireError`;
 - array frames are sent with `copy=False` from the cached arrays; nothing is pickled.
 The sender's socket lives in one background thread (ZeroMQ sockets are not thread-safe); its failures are
@@ -67,7 +67,8 @@ class RankBatch:
 class BatchSender:
     """Orchestrator side: binds a ROUTER, caches encoded batches, answers each rank's requests."""
 
-    def __init__(self, *, cfg: TransportConfig, num_ranks: int, resend_window: int = 4):
+    def __init__(self, *, cfg: TransportConfig, num_ranks: int, resend_window: int | None = None):
+        resend_window = cfg.resend_window if resend_window is None else resend_window
         if num_ranks < 1 or resend_window < 1:
             raise ValueError("num_ranks and resend_window must be >= 1")
         self.cfg, self.num_ranks, self.resend_window = cfg, num_ranks, resend_window
@@ -199,7 +200,7 @@ class BatchSender:
                     continue  # not produced yet
                 else:
                     msg = f"batch {req.step} is no longer cached (oldest {next(iter(self._cache), None)}); "
-                    msg += "raise transport resend_window to at least ckpt.interval"
+                    msg += "raise transport.resend_window to at least the trainer's ckpt.interval"
                     servable.append((identity, [encode_message(ErrorReply(step=req.step, message=msg))]))
                 del self._pending[identity]
             self._evict_locked()
