@@ -339,6 +339,10 @@ class Trainer:
 
 def run(cfg: TrainerConfig) -> None:
     """Train until `cfg.max_steps` (or forever); tears down the process group at the end."""
+    if cfg.backend == "megatron":  # same batches, loss and publisher; megatron-core model (trainer/megatron/)
+        from prime_async.trainer.megatron.loop import run_megatron
+
+        return run_megatron(cfg)
     try:
         Trainer(cfg=cfg).run()
     finally:
