@@ -15,3 +15,7 @@ uv sync --extra sglang
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 uv run python -c "import sglang; print('sglang', sglang.__version__)"
 exec uv run pytest tests/inference -q -rs --timeout 1200 "$@"
+
+# Megatron trainer backend (issue 8): `bash scripts/gpu_smoke_megatron.sh` (installs the `megatron` extra,
+# runs tests/megatron on the GPU with NCCL, then the CPU-shim suite). It cannot run from here: the `exec`
+# above ends this script. To check both in one go, drop that `exec` and call it on the next line.
