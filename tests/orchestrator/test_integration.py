@@ -35,13 +35,13 @@ def read_jsonl(path: Path) -> list[dict]:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("pause_mode", ["retract", "in_place", "drain"])
 def test_rl_run_with_in_flight_updates(pause_mode: str, tiny_model_dir: Path, tmp_path: Path):
-    out, steps, k = tmp_path / "run", 4, 1
+    out, steps, k = tmp_path / "run", 4, 2  # K=1 would cancel every group in flight at the cut
     cmd = [
         sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
         "--output-dir", str(out), "--model.path", str(tiny_model_dir), "--max-steps", str(steps),
         "--inference.server.port", str(free_port()), "--transport.port", str(free_port()),
         "--orchestrator.pause-mode", pause_mode, "--orchestrator.max-off-policy-steps", str(k),
-        "--orchestrator.max-buffered-groups", "4", "--orchestrator.sampling.max-tokens", "48",
+        "--orchestrator.max-buffered-groups", "4", "--orchestrator.sampling.max-tokens", "128",
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
