@@ -134,3 +134,20 @@ def test_cancel_aborts_inflight_engine_request(engines: list[HFEngineClient]) ->
             assert len(r.json()["choices"][0]["token_ids"]) < 4000
 
     asyncio.run(main())
+
+
+def test_session_keys_are_recycled_after_quarantine(engines: list[HFEngineClient]) -> None:
+    from prime_async.orchestrator.gateway import KEY_QUARANTINE
+
+    gw = Gateway(engines=engines[:1], seq_len=64)
+    seen: list[str] = []
+    for _ in range(3 * KEY_QUARANTINE):
+        session = gw.open_session(engine_key="0")
+        assert session.key not in gw.sessions or gw.sessions[session.key] is session
+        seen.append(session.key)
+        gw.close_session(session.key)
+    assert len(set(seen)) == KEY_QUARANTINE + 1  # bounded: the quarantine + peak concurrency (1)
+    first_reuse = next(i for i, k in enumerate(seen) if k in seen[:i])
+    assert first_reuse > KEY_QUARANTINE
+    live = [gw.open_session(engine_key="0") for _ in range(10)]
+    assert len({s.key for s in live}) == 10, "live sessions never share a key"

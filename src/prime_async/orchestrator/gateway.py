@@ -15,12 +15,17 @@ Invariants:
 - a session's `calls` are recorded in completion order with the per-token versions the engine reported;
 - prompt + completion never exceed `seq_len`: `max_tokens` is clamped, and a prompt that already fills
   `seq_len` is answered with zero tokens and `finish_reason="length"` (the session is marked truncated);
-- a cancelled session's in-flight requests are aborted on its engine and later calls are refused (409).
+- a cancelled session's in-flight requests are aborted on its engine and later calls are refused (409);
+- session keys are recycled, oldest first, only once more than `KEY_QUARANTINE` keys are free: verifiers'
+  renderers client caches one entry per (endpoint, model), so fresh keys per episode would grow that cache
+  forever, while a key is reused only long after its episode ended (a straggler request of a closed
+  episode cannot reach the next owner of its key in practice).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import math
@@ -37,6 +42,7 @@ from prime_async.inference.types import EngineClient, GenerateResult
 logger = logging.getLogger(__name__)
 
 GENERATE_ROUTE = "/inference/v1/generate"
+KEY_QUARANTINE = 256
 # vLLM sampling keys verifiers/renderers send that SGLang's `/generate` knows under another name or
 # not at all (`logprobs`: SGLang takes `return_logprob` at the request level, which we always set).
 _RENAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens"}
@@ -133,6 +139,8 @@ class Gateway:
         self.port = port
         self.sessions: dict[str, GatewaySession] = {}
         self._ids = itertools.count()
+        self._keys = itertools.count()
+        self._free_keys: collections.deque[str] = collections.deque()
         self._server: Any = None
         self._serve_task: asyncio.Task[None] | None = None
         self.num_requests = 0
@@ -153,7 +161,8 @@ class Gateway:
         return zlib.crc32(engine_key.encode()) % len(self.engines)
 
     def open_session(self, *, engine_key: str, sampling: dict[str, Any] | None = None) -> GatewaySession:
-        key = f"ep-{next(self._ids)}"
+        recycle = len(self._free_keys) > KEY_QUARANTINE
+        key = self._free_keys.popleft() if recycle else f"ep-{next(self._keys)}"
         session = GatewaySession(
             key=key, engine_index=self.engine_for(engine_key), sampling=dict(sampling or {})
         )
@@ -161,7 +170,8 @@ class Gateway:
         return session
 
     def close_session(self, key: str) -> None:
-        self.sessions.pop(key, None)
+        if self.sessions.pop(key, None) is not None:
+            self._free_keys.append(key)
 
     async def cancel_session(self, key: str) -> None:
         """Refuse further calls of the session and abort its in-flight engine requests."""
