@@ -1,0 +1,26 @@
+"""Megatron-core trainer backend (`trainer.backend = "megatron"`, optional extra `megatron`).
+
+Same contract as the FSDP2 backend: the same `RankBatch`es from the orchestrator, the same loss
+(`trainer/loss.py::build_loss_fn`) and logprob code (`trainer/train.py::packed_logprobs`), the same
+publisher writing HF safetensors to `broadcasts/step_{n}/`. What differs is the model: a megatron-core
+`GPTModel` built from the HF config, split by tensor and pipeline parallelism.
+
+Modules:
+- `bridge`  HF <-> megatron names/shapes for Llama, Qwen2, Qwen3 (GQA, q/k norm, qkv bias, tied
+            embeddings, fused QKV per query group, [gate; up] per TP rank, vocabulary padding);
+- `model`   parallel state, GPTModel (local layer spec), HF weights in, HF weights out;
+- `batch`   packed rows -> right-padded (B, S) batches and back (megatron's RoPE ignores position_ids);
+- `backend` megatron DDP + distributed optimizer + forward/backward schedule + the shared loss;
+- `loop`    the trainer loop (`run_megatron`), entered from `trainer/train.py::run`.
+
+GPU path (one 8-GPU node): `uv sync --extra megatron --inexact`, then
+`torchrun --nproc-per-node 8 -m prime_async.entrypoints.trainer @ configs/gpu/trainer_megatron.toml`
+(TP=2 x DP=4 for an 8B model; `trainer_megatron_32b.toml`: TP=4 x PP=2 for a 32B model). NCCL process
+groups, bf16 parameters with fp32 main grads, megatron's distributed optimizer. The orchestrator splits each
+batch into one share per process; the TP/PP ranks of a replica gather their shares.
+`scripts/gpu_smoke_megatron.sh` checks it on a GPU machine.
+
+Limits (checked at config validation): dense Llama/Qwen2/Qwen3 only (no MoE mapping yet, so expert
+parallel is 1), no sequence parallelism (needs TransformerEngine specs), no full-state checkpoints.
+On CPU the tests run this same code through a shim (`tests/megatron/cpu_shim.py`), never in product code.
+"""

@@ -202,8 +202,12 @@ def export_hf_state_dict(model: GPTModel, hf: dict[str, Any], cfg: MegatronConfi
     """
     stage = stage_layout(model)
     full = {name: _gather_tp(name, p.detach()) for name, p in model.named_parameters()}
-    # Copies (never views of live parameters): the caller may keep them while training goes on.
-    part = megatron_to_hf({k: v.to("cpu", copy=True) for k, v in full.items()}, model_shape(hf, cfg), stage)
+    # Copies (never views of live parameters): the caller may keep them while training goes on. One dtype
+    # for all tensors (megatron's local norms keep fp32 weights under bf16 training).
+    dtype = model.config.params_dtype
+    part = megatron_to_hf(
+        {k: v.to("cpu", dtype=dtype, copy=True) for k, v in full.items()}, model_shape(hf, cfg), stage
+    )
     if mpu.get_pipeline_model_parallel_world_size() == 1:
         return part if dist.get_rank() == 0 else None
     is_root = mpu.get_data_parallel_rank() == 0 and mpu.get_tensor_model_parallel_rank() == 0
