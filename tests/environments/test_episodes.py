@@ -305,3 +305,23 @@ def test_null_harness_runners(engine: HFEngineClient, tiny_model_dir: Path, runn
         302,
         engine.model.config.eos_token_id,
     ]
+
+
+def test_inprocess_runner_needs_no_network(
+    engine: HFEngineClient, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every non-loopback HTTP(S) connection goes to a closed port: the default runner still works (the
+    `null` harness runners fail here, on their `uv sync --script` bootstrap)."""
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+    async def body(source: VerifiersRolloutSource) -> Episode:
+        engine.force_next([300, 301, 302, engine.model.config.eos_token_id])
+        return await source.run_episode(example_id=0, engine_key="0", sampling=SAMPLING)
+
+    ep = run_with_source(
+        EnvConfig(id="calculator", args={"num_examples": 2}), [engine], tiny_model_dir, 512, body
+    )
+    assert ep.status == "ok", ep.error
