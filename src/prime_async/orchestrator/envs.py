@@ -37,6 +37,16 @@ from prime_async.orchestrator.types import Episode
 logger = logging.getLogger(__name__)
 
 
+def _quiet_library_loggers() -> None:
+    """verifiers logs two INFO lines per rollout and uvicorn/renderers chat too: keep them at WARNING
+    unless the user asked for DEBUG or set their levels explicitly (handlers stay the entrypoint's)."""
+    if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+        return
+    for name in ("verifiers", "renderers", "uvicorn", "uvicorn.error"):
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def verifiers_env_config(env_cfg: EnvConfig) -> dict[str, Any]:
     """The raw verifiers env config for `env_cfg` (validated later by `vf.resolve_env_config`)."""
     if env_cfg.runner == "inprocess":
@@ -84,6 +94,7 @@ class VerifiersRolloutSource:
 
     async def start(self) -> None:
         t0 = time.perf_counter()
+        _quiet_library_loggers()
         import verifiers.v1 as vf
 
         config = vf.resolve_env_config(verifiers_env_config(self.env_cfg))
