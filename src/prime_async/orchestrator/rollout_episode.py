@@ -9,6 +9,8 @@ Invariants of the returned `Episode`:
   chat-template scaffold, user turns and tool results are False;
 - `sampler_logprobs` is the engine's logprob on sampled tokens and 0.0 elsewhere; all finite;
 - `token_versions` is the engine-reported weight version on sampled tokens and -1 elsewhere;
+- `truncated` is True when the episode was cut: by `seq_len` (the gateway clamps every turn to it), by a
+  turn's `max_tokens` (finish reason "length"), or by a verifiers rollout limit (`Trace.is_truncated`);
 - environment faults never raise: a failed rollout, a reward that raised or is None/NaN, an empty
   completion (no sampled token, or an empty final reply) give `status="error"` with `error` set and
   `metrics["env_error"]` naming the kind; an engine abort gives `status="aborted"`.
