@@ -171,6 +171,15 @@ def build_loss_fn(cfg) -> LossFn:
     return loss_fn
 
 
+def reduce_device() -> torch.device:
+    """Device for collectives of small CPU-side values: NCCL only reduces CUDA tensors."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 @dataclass
 class TokenStats:
     """Additive per-batch statistics of the ratio (merged over micro-batches and ranks)."""
@@ -193,22 +202,22 @@ class TokenStats:
 
     @staticmethod
     def of(logp, sampler_logp, loss_mask, masked, entropy) -> TokenStats:
-        with torch.no_grad():
-            log_ratio = (logp - sampler_logp)[loss_mask].double()
+        with torch.no_grad():  # statistics live on the CPU (a few scalars per micro-batch)
+            log_ratio = (logp - sampler_logp)[loss_mask].double().cpu()
             rho = torch.exp(log_ratio)
             stats = TokenStats.empty()
             if rho.numel() == 0:
                 return stats
             return TokenStats(
                 num_tokens=torch.tensor(float(rho.numel()), dtype=torch.float64),
-                num_masked=masked[loss_mask].sum().double(),
+                num_masked=masked[loss_mask].sum().double().cpu(),
                 ratio_sum=rho.sum(),
                 ratio_sq_sum=rho.pow(2).sum(),
                 ratio_min=rho.min(),
                 ratio_max=rho.max(),
                 # k3 estimator of KL(mu || pi_theta) on tokens sampled from mu: rho - 1 - log rho >= 0
                 kl_sum=(rho - 1 - log_ratio).sum(),
-                entropy_sum=entropy[loss_mask].double().sum(),
+                entropy_sum=entropy[loss_mask].double().sum().cpu(),
             )
 
     def merge(self, other: TokenStats) -> TokenStats:
@@ -229,6 +238,7 @@ class TokenStats:
 
         if not (dist.is_available() and dist.is_initialized()):
             return self
+        device = reduce_device()
         sums = torch.stack(
             [
                 self.num_tokens,
@@ -239,10 +249,11 @@ class TokenStats:
                 self.entropy_sum,
             ]
         )
-        mn, mx = self.ratio_min.clone(), self.ratio_max.clone()
+        sums, mn, mx = sums.to(device), self.ratio_min.to(device), self.ratio_max.to(device)
         dist.all_reduce(sums)
         dist.all_reduce(mn, op=dist.ReduceOp.MIN)
         dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+        sums, mn, mx = sums.cpu(), mn.cpu(), mx.cpu()
         return TokenStats(sums[0], sums[1], sums[2], sums[3], mn, mx, sums[4], sums[5])
 
     def metrics(self) -> dict[str, float]:

@@ -42,7 +42,7 @@ from prime_async.trainer.ckpt import (
     load_checkpoint,
     save_checkpoint,
 )
-from prime_async.trainer.loss import LossFn, TokenStats, build_loss_fn
+from prime_async.trainer.loss import LossFn, TokenStats, build_loss_fn, reduce_device
 from prime_async.trainer.parallelize import parallelize
 from prime_async.trainer.weights import WeightBroadcastHook, WeightPublisher
 from prime_async.transport.types import MicroBatch
@@ -188,6 +188,7 @@ def train_step(
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     loss_t = torch.tensor([loss_sum], dtype=torch.float64)
     if dist.is_initialized():
+        loss_t = loss_t.to(reduce_device())
         dist.all_reduce(loss_t)
     if not (math.isfinite(grad_norm) and math.isfinite(float(loss_t))):
         raise RuntimeError(f"step {batch.step}: non-finite loss {float(loss_t)} or grad norm {grad_norm}")
