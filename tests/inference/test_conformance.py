@@ -16,7 +16,7 @@ import pytest
 from prime_async.inference.client import EngineError, HttpEngineClient
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
-LONG = 3000  # long enough that a request is still running when the test pauses/aborts it
+LONG = 1500  # long enough that a request is still running when the test pauses/aborts it
 
 
 def embedded_only(target) -> None:

@@ -64,6 +64,7 @@ class ModelRunner:
         self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads)
         self.eps = float(cfg.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
         self.num_slots, self.max_len, self.chunk = num_slots, max_len, chunk
         self._build_rope_table()
         self._fuse_weights()
@@ -237,16 +238,18 @@ class ModelRunner:
         visible = torch.arange(length, device=self.device)[None] <= positions[:, None]
         # additive float mask built once per step (a bool mask is converted again in every layer)
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None]  # (B, 1, 1, L)
+        mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None]  # (B, 1, 1, L) over (B, KVH, G, L)
         for i, lw in enumerate(self.layers):
             x = _rms_norm(h, lw["ln1"], self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)
             kc, vc = self.k_cache[i], self.v_cache[i]
             kc[rows, :, positions] = k
             vc[rows, :, positions] = v
-            attn = F.scaled_dot_product_attention(
-                q[:, :, None], kc[:b, :, :length], vc[:b, :, :length], attn_mask=mask, enable_gqa=True
-            )  # (B, H, 1, D)
+            # one query per row: two batched matmuls beat SDPA's CPU flash kernel (built for long queries);
+            # query heads grouped per kv head (B, KVH, G, D), as HF's repeat_kv pairs them
+            q_g = q.reshape(b, self.num_kv_heads, -1, self.head_dim) * self.scale
+            scores = torch.matmul(q_g, kc[:b, :, :length].transpose(-1, -2)) + mask  # (B, KVH, G, L)
+            attn = torch.matmul(scores.softmax(-1), vc[:b, :, :length])  # (B, KVH, G, D)
             h = h + F.linear(attn.reshape(b, -1), lw["o"], lw["o_b"])
             h = self._mlp(lw, h)
         return self._logits(h)
