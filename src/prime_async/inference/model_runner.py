@@ -26,12 +26,12 @@ logger = logging.getLogger(__name__)
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # hand-written: F.rms_norm on CPU decomposes into ~10 ops with dtype round trips (slower here)
-    if x.dtype != torch.float32:
-        xf = x.float()
-        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    # hand-written: F.rms_norm on CPU decomposes into ~10 ops with dtype round trips (slower here);
+    # weight None: the gain is folded into the next projection
+    xf = x.float() if x.dtype != torch.float32 else x
+    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return out if weight is None else weight * out
 
 
 def _joint_norm_weight(att, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
@@ -88,30 +88,42 @@ class ModelRunner:
 
     @torch.no_grad()
     def _fuse_weights(self) -> None:
-        """Concatenate q/k/v and gate/up projections: fewer kernel launches per decode step."""
+        """Derived weights for fewer ops per step (rebuilt after every weight load).
+
+        q/k/v and gate/up are concatenated; RMSNorm gains are folded into the next projection
+        (`W @ (g * x) == (W * g) @ x`); the attention scale 1/sqrt(D) is folded into the q rows (or the
+        q-norm gain), which commutes with RoPE because RoPE is linear.
+        """
         self.layers = []
+        h, d = self.num_heads, self.head_dim
         for layer in self.model.model.layers:
             att, mlp = layer.self_attn, layer.mlp
+            qkv = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
             qkv_b = None
             if att.q_proj.bias is not None:
                 qkv_b = torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
+            qk_norm = _joint_norm_weight(att, h, self.num_kv_heads)
+            if qk_norm is not None:
+                qk_norm[:h] *= self.scale
+            else:
+                qkv[: h * d] *= self.scale
+                if qkv_b is not None:
+                    qkv_b[: h * d] *= self.scale
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
             self.layers.append(
                 {
-                    "ln1": layer.input_layernorm.weight,
-                    "ln2": layer.post_attention_layernorm.weight,
-                    "qkv": torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
+                    "qkv": qkv * layer.input_layernorm.weight[None],
                     "qkv_b": qkv_b,
                     "o": att.o_proj.weight,
                     "o_b": att.o_proj.bias,
-                    "qk_norm": _joint_norm_weight(att, self.num_heads, self.num_kv_heads),
-                    "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    "qk_norm": qk_norm,
+                    "gate_up": gate_up * layer.post_attention_layernorm.weight[None],
                     "down": mlp.down_proj.weight,
                     "act": mlp.act_fn,
                 }
             )
         self.embed = self.model.model.embed_tokens.weight
-        self.final_norm = self.model.model.norm.weight
-        self.lm_head = self.model.get_output_embeddings().weight
+        self.lm_head = self.model.get_output_embeddings().weight * self.model.model.norm.weight[None]
 
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
         """Names and shapes a weight directory must provide (tied duplicates optional)."""
@@ -195,12 +207,12 @@ class ModelRunner:
         return qk[:, :h], qk[:, h:], v
 
     def _mlp(self, lw: dict, h: torch.Tensor) -> torch.Tensor:
-        x = _rms_norm(h, lw["ln2"], self.eps)
+        x = _rms_norm(h, None, self.eps)
         gate, up = F.linear(x, lw["gate_up"]).chunk(2, dim=-1)
         return h + F.linear(lw["act"](gate) * up, lw["down"])
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        h = _rms_norm(h, self.final_norm, self.eps)
+        h = _rms_norm(h, None, self.eps)
         return F.linear(h, self.lm_head).float()
 
     @torch.inference_mode()
@@ -212,7 +224,7 @@ class ModelRunner:
         h = F.embedding(ids, self.embed)  # (T, hidden)
         cos, sin = self.cos[:t], self.sin[:t]
         for i, lw in enumerate(self.layers):
-            x = _rms_norm(h, lw["ln1"], self.eps)
+            x = _rms_norm(h, None, self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)  # (T, H|KVH, D)
             self.k_cache[i][slot, :, :t] = k.transpose(0, 1)
             self.v_cache[i][slot, :, :t] = v.transpose(0, 1)
@@ -222,6 +234,7 @@ class ModelRunner:
                 v.transpose(0, 1)[None],
                 is_causal=True,
                 enable_gqa=True,
+                scale=1.0,  # 1/sqrt(D) is folded into q
             )  # (1, H, T, D)
             h = h + F.linear(attn[0].transpose(0, 1).reshape(t, -1), lw["o"], lw["o_b"])
             h = self._mlp(lw, h)
@@ -240,14 +253,14 @@ class ModelRunner:
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None]  # (B, 1, 1, L) over (B, KVH, G, L)
         for i, lw in enumerate(self.layers):
-            x = _rms_norm(h, lw["ln1"], self.eps)
+            x = _rms_norm(h, None, self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)
             kc, vc = self.k_cache[i], self.v_cache[i]
             kc[rows, :, positions] = k
             vc[rows, :, positions] = v
             # one query per row: two batched matmuls beat SDPA's CPU flash kernel (built for long queries);
             # query heads grouped per kv head (B, KVH, G, D), as HF's repeat_kv pairs them
-            q_g = q.reshape(b, self.num_kv_heads, -1, self.head_dim) * self.scale
+            q_g = q.reshape(b, self.num_kv_heads, -1, self.head_dim)  # scale folded into q
             scores = torch.matmul(q_g, kc[:b, :, :length].transpose(-1, -2)) + mask  # (B, KVH, G, L)
             attn = torch.matmul(scores.softmax(-1), vc[:b, :, :length])  # (B, KVH, G, D)
             h = h + F.linear(attn.reshape(b, -1), lw["o"], lw["o_b"])

@@ -68,8 +68,16 @@ def sample(
 ) -> tuple[list[int], list[float]]:
     """logits (B, V) float32 -> sampled token ids and their logprobs (lists of length B)."""
     b = logits.shape[0]
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
-    logp_bv = torch.log_softmax(logits / temps[:, None], dim=-1)
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    if all(t == temps[0] for t in temps):
+        logp_bv = torch.log_softmax(logits / temps[0] if temps[0] != 1.0 else logits, dim=-1)
+    else:
+        logp_bv = torch.log_softmax(logits / torch.tensor(temps, device=logits.device)[:, None], dim=-1)
+    if all(not p.greedy and not p.truncates for p in params) and all(g is None for g in generators):
+        # common RL case (plain temperature sampling): no per-row gathers
+        u = torch.rand(b, generator=default_generator, device=logits.device)
+        tokens = _draw(logp_bv.exp(), u)
+        return tokens.tolist(), logp_bv.gather(-1, tokens[:, None])[:, 0].tolist()
     tokens = torch.empty(b, dtype=torch.long, device=logits.device)
     greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
