@@ -86,3 +86,20 @@ def test_sequence_parallel_is_refused_early(tmp_path: Path) -> None:
 def test_parallel_sizes_are_bounded() -> None:
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         MegatronConfig(tensor_parallel_size=0)
+
+
+@pytest.mark.usefixtures("with_megatron")
+def test_trainer_config_validates_the_megatron_setup(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from prime_async.config.trainer import TrainerConfig
+
+    model = {"path": str(_model_dir(tmp_path))}
+    ok = TrainerConfig(backend="megatron", model=model, megatron={"tensor_parallel_size": 2})
+    assert ok.megatron.tensor_parallel_size == 2
+    with pytest.raises(ValidationError, match="tensor_parallel_size = 3 must divide num_attention_heads"):
+        TrainerConfig(backend="megatron", model=model, megatron={"tensor_parallel_size": 3})
+    with pytest.raises(ValidationError, match="has no checkpoints yet"):
+        TrainerConfig(backend="megatron", model=model, ckpt={"interval": 5})
+    # The default backend never looks at the megatron section.
+    assert TrainerConfig(model=model, megatron={"tensor_parallel_size": 3}).backend == "fsdp"
