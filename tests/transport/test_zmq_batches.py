@@ -110,3 +110,18 @@ def test_batch_with_wrong_rank_count_rejected() -> None:
     cfg = transport_cfg()
     with BatchSender(cfg=cfg, num_ranks=2) as sender, pytest.raises(ValueError, match="rank slices"):
         sender.send(make_batch(0, [[[6]]]))
+
+
+def test_wait_delivered_keeps_the_last_batch_alive_for_a_late_trainer() -> None:
+    cfg = transport_cfg()
+    with BatchSender(cfg=cfg, num_ranks=1) as sender:
+        rx = BatchReceiver(cfg=cfg, rank=0, world_size=1)
+        got: dict[str, object] = {}
+        reader = threading.Thread(target=lambda: got.__setitem__("b", rx.receive(0)))
+        reader.start()
+        sender.send(make_batch(0, [[[6]]]))
+        assert sender.wait_delivered(0, timeout=10)
+        reader.join(10)
+        assert got["b"].step == 0
+        assert not sender.wait_delivered(1, timeout=0.2)  # batch 1 was never asked for
+        rx.close()

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.inference.types import EngineClient
@@ -36,6 +36,9 @@ from prime_async.orchestrator.train_sink import TrainSink, build_train_sink
 from prime_async.orchestrator.types import Group, RolloutSource
 from prime_async.orchestrator.weight_watcher import BroadcastDir, Broadcasts, WeightWatcher
 from prime_async.transport.types import TrainBatch
+
+if TYPE_CHECKING:
+    from prime_async.transport.zmq_batches import BatchSender
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +281,17 @@ async def _run(cfg: OrchestratorConfig) -> None:
                 served_version=served,
             )
             await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics)
+        await _drain_last_batch(sender, cfg)
     finally:
         sender.close()
         monitor.close()
         await asyncio.gather(*(e.aclose() for e in engines), return_exceptions=True)
+
+
+async def _drain_last_batch(sender: BatchSender, cfg: OrchestratorConfig) -> None:
+    """Keep serving until the trainer has fetched the final batch (the stream is pull-based)."""
+    last = cfg.max_steps - 1
+    delivered = await asyncio.to_thread(sender.wait_delivered, last, cfg.transport.timeout_s)
+    if not delivered:
+        timeout = cfg.transport.timeout_s
+        logger.warning("trainer did not fetch batch %d within %.0f s; exiting anyway", last, timeout)

@@ -77,6 +77,7 @@ class BatchSender:
         self._cache: OrderedDict[int, list[list]] = OrderedDict()  # step -> per-rank frames
         self._pending: dict[bytes, Request] = {}  # requester identity -> request not yet servable
         self._next_needed: dict[int, int] = {}  # rank -> newest step it asked for
+        self._delivered: dict[int, int] = {}  # rank -> newest step whose slice was handed to ZeroMQ
         self._all_ready = threading.Event()
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -120,6 +121,21 @@ class BatchSender:
             self._last_step = batch.step
             self._evict_locked()
         self._wake_push.send(b"")
+
+    def wait_delivered(self, step: int, timeout: float) -> bool:
+        """Block until every rank was sent its slice of batch `step` (False on timeout).
+
+        Called before `close()` at the end of a run: the stream is pull-based, so without it the last
+        batch would die with the sender if the trainer asks for it only after the orchestrator finished.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._raise_if_failed()
+            with self._lock:
+                if all(self._delivered.get(rank, -1) >= step for rank in range(self.num_ranks)):
+                    return True
+            time.sleep(0.05)
+        return False
 
     def close(self) -> None:
         self._stop.set()
@@ -196,6 +212,7 @@ class BatchSender:
             for identity, req in list(self._pending.items()):
                 if req.step in self._cache:
                     servable.append((identity, self._cache[req.step][req.rank]))
+                    self._delivered[req.rank] = max(self._delivered.get(req.rank, -1), req.step)
                 elif self._last_step is None or req.step > self._last_step:
                     continue  # not produced yet
                 else:
