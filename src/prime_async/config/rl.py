@@ -52,6 +52,18 @@ SHARED_FIELDS = ("model", "seq_len", "max_steps", "output_dir", "wandb", "log", 
 _UNSPECIFIED_HOSTS = {"0.0.0.0", "::"}
 
 
+class RestartConfig(BaseConfig):
+    """What `rl` does when a component dies (see `launcher/restart.py`)."""
+
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        description="Restarts allowed per component (0 = any death fails the run). Inference comes back "
+        "with the newest STABLE broadcast, trainer and orchestrator with resume = true.",
+    )
+    backoff_s: float = Field(1.0, ge=0, description="Seconds to wait before restarting a dead component.")
+
+
 class RLConfig(BaseConfig):
     """`uv run rl @ rl.toml`: shared run settings plus the inference, orchestrator and trainer sections."""
 
@@ -70,6 +82,9 @@ class RLConfig(BaseConfig):
     )
     startup_timeout_s: float = Field(
         600.0, gt=0, description="How long `rl` waits for inference to be healthy before failing."
+    )
+    restart: RestartConfig = Field(
+        default_factory=RestartConfig, description="Restart of dead components (budget per component)."
     )
     inference: InferenceConfig = Field(
         default_factory=InferenceConfig,

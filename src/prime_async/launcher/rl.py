@@ -13,8 +13,10 @@ into the three sub-configs.
 Invariants:
 - the resolved sub-configs are written to `output_dir/configs/` before any process starts, and each
   process is started from exactly those files;
-- when any component exits non-zero (other than an inference crash it may restart), every other one is
-  stopped and `rl` exits non-zero after printing the failing component's last log lines;
+- when a component dies it is restarted while its `restart.max_restarts` budget lasts (inference with
+  the newest STABLE weights, trainer/orchestrator with resume = true; `launcher/restart.py`); past the
+  budget every other one is stopped and `rl` exits non-zero after printing the failing component's last
+  log lines;
 - the run succeeds when orchestrator and trainer both exit 0; inference is then stopped;
 - Ctrl-C (SIGINT) or SIGTERM stops everything within `shutdown_timeout_s` and exits 130/143.
 """
@@ -31,6 +33,7 @@ from typing import Any
 
 from prime_async.launcher.process import Component, tail_lines
 from prime_async.launcher.progress import ProgressView
+from prime_async.launcher.restart import RestartBudget, restart_overrides, write_restart_config
 
 logger = logging.getLogger(__name__)
 
@@ -162,10 +165,12 @@ def _start_and_watch(
     components["trainer"].start()
     components["orchestrator"].start()
     progress = ProgressView(metrics_dir=output_dir / "metrics", max_steps=int(cfg.max_steps))
+    restart_cfg = getattr(cfg, "restart", None)
+    budget = RestartBudget(max_restarts=int(getattr(restart_cfg, "max_restarts", 0)))
     while not stop_signal:
         progress.poll()
         failed = _first_failure(components)
-        if failed is not None:
+        if failed is not None and not _try_restart(cfg, components, failed, budget, output_dir, stop_signal):
             _report_failure(failed)
             return 1
         if all(components[name].exited_ok() for name in ("trainer", "orchestrator")):
@@ -176,6 +181,49 @@ def _start_and_watch(
         time.sleep(POLL_INTERVAL_S)
     logger.warning("received signal %d: stopping all components", stop_signal[0])
     return 128 + stop_signal[0]
+
+
+def _try_restart(
+    cfg: Any,
+    components: dict[str, Component],
+    failed: Component,
+    budget: RestartBudget,
+    output_dir: Path,
+    stop_signal: list[int],
+) -> bool:
+    """Restart `failed` per `launcher/restart.py` when its budget allows; False when the run must fail."""
+    name = failed.name
+    if not budget.allows(name):
+        return False
+    try:
+        overrides = restart_overrides(cfg, name)
+    except ValueError as e:
+        logger.error("%s died and cannot be restarted: %s", name, e)
+        return False
+    attempt = budget.take(name)
+    logger.warning(
+        "%s exited with status %s: restart %d/%d with %s (last log lines: %s)",
+        name, failed.returncode(), attempt, budget.max_restarts, overrides or "its original config",
+        " | ".join(tail_lines(failed.log_path, 3)),
+    )  # fmt: skip
+    failed.stop(timeout_s=SHUTDOWN_TIMEOUT_S)  # reaps the dead process group (e.g. torchrun workers)
+    path = write_restart_config(output_dir / "configs" / f"{name}.toml", overrides, attempt)
+    failed.command = _command_for(cfg, name, path)
+    time.sleep(float(getattr(cfg.restart, "backoff_s", 0.0)))
+    failed.start()
+    if name == "inference":
+        try:
+            failed.wait_healthy(timeout_s=getattr(cfg, "startup_timeout_s", 600.0), stop_flag=stop_signal)
+        except RuntimeError as e:
+            logger.error("restarted inference did not come up: %s", e)
+            return False
+    return True
+
+
+def _command_for(cfg: Any, name: str, config_path: Path) -> list[str]:
+    if name == "trainer":
+        return trainer_command(cfg, config_path)
+    return [*_script(name), "@", str(config_path)]
 
 
 def _first_failure(components: dict[str, Component]) -> Component | None:
