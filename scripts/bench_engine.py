@@ -62,7 +62,8 @@ def main() -> None:
     if model_dir is None:
         from prime_async.models.tiny import build_tiny_model
 
-        model_dir = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
+        tmp = tempfile.TemporaryDirectory()  # removed at exit
+        model_dir = build_tiny_model(Path(tmp.name) / "tiny")
     engine = Engine(
         model_path=str(model_dir), device=args.device, max_running_requests=max(args.batches),
         max_len=args.prompt_len + args.new_tokens + 8, num_threads=args.threads,
