@@ -31,9 +31,11 @@ import logging
 import math
 import socket
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -144,6 +146,8 @@ class Gateway:
         self._server: Any = None
         self._serve_task: asyncio.Task[None] | None = None
         self.num_requests = 0
+        # Called with transport-level engine failures (engine process gone); set by the orchestrator.
+        self.on_engine_error: Callable[[BaseException], None] | None = None
 
     @property
     def base_url(self) -> str:
@@ -222,6 +226,8 @@ class Gateway:
             result = await engine.generate(prompt_ids, sampling, rid=rid)
         except Exception as e:
             session.num_errors += 1
+            if self.on_engine_error is not None and isinstance(e, (httpx.TransportError, ConnectionError)):
+                self.on_engine_error(e)
             raise GatewayError(502, f"engine {engine.base_url} failed: {type(e).__name__}: {e}") from e
         finally:
             session.inflight.discard(rid)

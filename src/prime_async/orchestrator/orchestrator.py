@@ -280,6 +280,9 @@ async def _run(cfg: OrchestratorConfig) -> None:
                 broadcasts=BroadcastDir(cfg.output_dir / "broadcasts"),
                 served_version=served,
             )
+            gateway = getattr(source, "gateway", None)
+            if gateway is not None:  # engine outages seen by episodes hold dispatch at once
+                gateway.on_engine_error = comps.watcher.engine_failed
             await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics)
         await _drain_last_batch(sender, cfg)
     finally:

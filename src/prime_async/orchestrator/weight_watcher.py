@@ -13,7 +13,14 @@
 
 Invariants: a broadcast directory is used only after its STABLE marker exists (a writer renames the
 complete directory into place and writes STABLE last); the watcher never deletes broadcasts; versions
-only increase; an engine failure fails `run()` (supervised by the main loop).
+only increase; an engine error answer fails `run()` (supervised by the main loop).
+
+Engine outage (e.g. the inference process died and the `rl` launcher restarts it): a transport-level
+failure (connection refused/reset, timeout) seen by an update or reported by the gateway
+(`engine_failed`) holds admission at once (no new groups are sent into a dead engine; episodes already
+in flight end as errors and are retried), then `run()` polls `/health` of every engine with exponential
+backoff, releases admission when all answer, and retries the newest broadcast (the restarted engine
+may serve an older or newer version than `served_version`; loading the newest makes them agree).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
+import httpx
+
 from prime_async.inference.types import EngineClient
 from prime_async.orchestrator.admission import AdmissionController
 
@@ -35,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 PauseModeConfig = Literal["retract", "in_place", "drain"]
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+ENGINE_DOWN_ERRORS = (httpx.TransportError, ConnectionError)
+BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 8.0
 
 
 class Broadcasts(Protocol):
@@ -105,6 +116,12 @@ class WeightWatcher:
         self._updates = 0
         self._inflight_at_update = 0
         self.events: list[tuple[str, int]] = []  # (what, version), for tests and debugging
+        self._engine_down = False
+        self._down_since = 0.0
+        self._drain_held = False
+        self._outages = 0
+        self._health_retries = 0
+        self._down_time = 0.0
 
     @property
     def served_version(self) -> int:
@@ -114,11 +131,47 @@ class WeightWatcher:
         """Look for a new broadcast now instead of at the next poll."""
         self._wake.set()
 
+    def engine_failed(self, error: BaseException) -> None:
+        """A transport-level engine failure: hold admission now; `run()` waits for health, then releases."""
+        if not self._engine_down:
+            self._engine_down = True
+            self._down_since = self.clock()
+            self._outages += 1
+            self.admission.hold()
+            logger.warning("engine unreachable (%s: %s): dispatch held until /health answers",
+                           type(error).__name__, error)  # fmt: skip
+        self._wake.set()
+
+    async def _recover(self) -> None:
+        """Poll every engine's /health with exponential backoff, then resume dispatch."""
+        delay = BACKOFF_START_S
+        while not all(await asyncio.gather(*(e.health() for e in self.engines))):
+            self._health_retries += 1
+            logger.info("engines not healthy yet: retry in %.1f s", delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, BACKOFF_MAX_S)
+        for engine in self.engines:  # an engine that survived a failed pause must not stay paused
+            with contextlib.suppress(Exception):  # tolerated: best effort, the next update re-pauses
+                await engine.continue_generation()
+        down = self.clock() - self._down_since
+        self._down_time += down
+        self._engine_down = False
+        self.admission.release()
+        logger.warning("engines healthy again after %.1f s down: dispatch resumed", down)
+
     async def run(self) -> None:
         while True:
+            if self._engine_down:
+                await self._recover()
             latest = self.broadcasts.latest_stable()
             if latest is not None and latest >= self.served_version + self.interval:
-                await self.update(latest)
+                try:
+                    await self.update(latest)
+                except ENGINE_DOWN_ERRORS as e:
+                    if self._drain_held:
+                        self._drain_held = False
+                        self.admission.release()
+                    self.engine_failed(e)
                 continue
             self._wake.clear()
             with contextlib.suppress(TimeoutError):  # a poll timeout is the normal case
@@ -134,6 +187,7 @@ class WeightWatcher:
         path = self.broadcasts.path(version)
         if self.pause_mode == "drain":
             self.admission.hold()
+            self._drain_held = True
             await self.dispatcher.wait_idle()
         else:
             await asyncio.gather(*(e.pause_generation(self.pause_mode) for e in self.engines))
@@ -145,6 +199,7 @@ class WeightWatcher:
         self.events.append(("updated", version))
         self.admission.set_served_version(version)
         if self.pause_mode == "drain":
+            self._drain_held = False
             self.admission.release()
         else:
             await asyncio.gather(*(e.continue_generation() for e in self.engines))
@@ -171,6 +226,9 @@ class WeightWatcher:
             "weights/served_version": float(self.served_version),
             "weights/updates": float(self._updates),
             "weights/inflight_groups_at_update": float(self._inflight_at_update),
+            "engine/outages": float(self._outages),
+            "engine/health_retries": float(self._health_retries),
+            "engine/down_time": self._down_time,
         }
         self._sync_time = 0.0
         self._updates = 0
