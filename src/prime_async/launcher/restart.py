@@ -4,7 +4,9 @@
         -> model.path = output_dir/broadcasts/step_N (newest N with STABLE), weight_version = N
            (no broadcast yet: the original config, v0)
     trainer dies (non-zero)      -> resume = true   (continues from its newest complete checkpoint)
-    orchestrator dies (non-zero) -> resume = true   (continues from its newest checkpoint)
+    orchestrator dies (non-zero) -> trainer stopped too; orchestrator checkpoints of steps >= the trainer's
+                                    newest checkpoint c are moved aside (`.ahead_step_n.json`); both
+                                    restart with resume = true, so batch c is the next one of both
 
 Each restart writes `configs/<name>.restart<k>.toml` (the resolved sub-config plus the overrides) and
 starts the component from that file, so the logs and configs of a run say exactly what ran.
@@ -12,7 +14,10 @@ starts the component from that file, so the logs and configs of a run say exactl
 Invariants:
 - a broadcast directory is used only when its `STABLE` marker exists (never a partial write);
 - every component has its own budget of `restart.max_restarts`; a death past the budget fails the run;
-- a trainer is restarted only when it writes checkpoints (`ckpt.interval`), since `resume` needs one.
+- a trainer is restarted only when it writes checkpoints (`ckpt.interval`); it resumes when one exists;
+- after an orchestrator restart no prompt is skipped or trained twice by the surviving lineage of weights,
+  provided `orchestrator.ckpt.interval` divides `trainer.ckpt.interval` (then a checkpoint of step c-1
+  exists; otherwise the orchestrator resumes earlier and the batches before c are produced unused).
 """
 
 from __future__ import annotations
@@ -54,10 +59,33 @@ def restart_overrides(cfg: Any, name: str) -> dict[str, Any]:
     if name == "trainer":
         if getattr(cfg.trainer.ckpt, "interval", None) is None:
             raise ValueError("trainer.ckpt.interval is not set: a restarted trainer has nothing to resume")
-        return {"resume": True}
+        return {"resume": True} if trainer_checkpoint_step(Path(cfg.output_dir)) is not None else {}
     if name == "orchestrator":
         return {"resume": True}
     raise ValueError(f"{name} is not restartable")
+
+
+def trainer_checkpoint_step(output_dir: Path) -> int | None:
+    """Newest complete trainer checkpoint (`checkpoints/trainer/step_N/COMPLETE`), or None."""
+    root = Path(output_dir) / "checkpoints" / "trainer"
+    steps = [
+        int(m.group(1))
+        for p in (root.iterdir() if root.is_dir() else [])
+        if (m := _STEP_DIR.match(p.name)) and (p / "COMPLETE").is_file()
+    ]
+    return max(steps) if steps else None
+
+
+def align_orchestrator_checkpoints(output_dir: Path, trainer_step: int) -> list[int]:
+    """Move orchestrator checkpoints of steps >= `trainer_step` aside; returns the moved steps."""
+    root = Path(output_dir) / "checkpoints" / "orchestrator"
+    moved = []
+    for path in sorted(root.glob("step_*.json")) if root.is_dir() else []:
+        step = int(path.stem[len("step_") :])
+        if step >= trainer_step:
+            path.rename(path.with_name(f".ahead_{path.name}"))
+            moved.append(step)
+    return sorted(moved)
 
 
 def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,13 @@ from typing import Any
 
 from prime_async.launcher.process import Component, tail_lines
 from prime_async.launcher.progress import ProgressView
-from prime_async.launcher.restart import RestartBudget, restart_overrides, write_restart_config
+from prime_async.launcher.restart import (
+    RestartBudget,
+    align_orchestrator_checkpoints,
+    restart_overrides,
+    trainer_checkpoint_step,
+    write_restart_config,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +203,8 @@ def _try_restart(
         return False
     try:
         overrides = restart_overrides(cfg, name)
+        if name == "orchestrator":
+            restart_overrides(cfg, "trainer")  # it restarts along: fail now if it cannot
     except ValueError as e:
         logger.error("%s died and cannot be restarted: %s", name, e)
         return False
@@ -207,10 +215,20 @@ def _try_restart(
         " | ".join(tail_lines(failed.log_path, 3)),
     )  # fmt: skip
     failed.stop(timeout_s=SHUTDOWN_TIMEOUT_S)  # reaps the dead process group (e.g. torchrun workers)
-    path = write_restart_config(output_dir / "configs" / f"{name}.toml", overrides, attempt)
-    failed.command = _command_for(cfg, name, path)
+    restart_now = [failed]
+    if name == "orchestrator":  # the trainer rolls back to its checkpoint with it (launcher/restart.py)
+        trainer = components["trainer"]
+        trainer.stop(timeout_s=SHUTDOWN_TIMEOUT_S)
+        step = trainer_checkpoint_step(output_dir) or 0
+        moved = align_orchestrator_checkpoints(output_dir, step)
+        logger.warning("trainer rolls back to its checkpoint of step %d; orchestrator checkpoints of "
+                       "steps %s moved aside", step, moved)  # fmt: skip
+        _set_restart_command(cfg, trainer, output_dir, attempt, restart_overrides(cfg, "trainer"))
+        restart_now.append(trainer)
+    _set_restart_command(cfg, failed, output_dir, attempt, overrides)
     time.sleep(float(getattr(cfg.restart, "backoff_s", 0.0)))
-    failed.start()
+    for component in restart_now:
+        component.start()
     if name == "inference":
         try:
             failed.wait_healthy(timeout_s=getattr(cfg, "startup_timeout_s", 600.0), stop_flag=stop_signal)
@@ -218,6 +236,14 @@ def _try_restart(
             logger.error("restarted inference did not come up: %s", e)
             return False
     return True
+
+
+def _set_restart_command(
+    cfg: Any, component: Component, output_dir: Path, attempt: int, overrides: dict[str, Any]
+) -> None:
+    name = component.name
+    path = write_restart_config(output_dir / "configs" / f"{name}.toml", overrides, attempt)
+    component.command = _command_for(cfg, name, path)
 
 
 def _command_for(cfg: Any, name: str, config_path: Path) -> list[str]:
