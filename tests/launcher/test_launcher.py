@@ -48,6 +48,10 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
         time.sleep(0.05)
     child_pid = int(tail_lines(parent.log_path, 1)[0])
     parent.stop(timeout_s=5)
+    # SIGTERM reached the whole group at once; the grandchild needs a moment to act on it.
+    deadline = time.monotonic() + 10
+    while _alive(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not _alive(child_pid), "the grandchild survived stop()"
 
 
