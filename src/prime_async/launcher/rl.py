@@ -102,8 +102,10 @@ def ensure_model(cfg: Any) -> None:
 
         logger.info("building the tiny offline model into %s (first run)", path)
         build_tiny_model(path)
-    else:
+    elif path.exists() or str(path).startswith((".", "/")) or str(path).count("/") != 1:
         raise ValueError(f"model.path: {path} has no config.json (give a local HF model directory)")
+    else:
+        logger.info("model.path %s is not a local directory: components load it as an HF id", path)
 
 
 def build_components(cfg: Any, paths: dict[str, Path], log_dir: Path) -> dict[str, Component]:
