@@ -139,7 +139,10 @@ class ModelRunner:
             raise ValueError(f"no *.safetensors in {model_path}")
         state: dict[str, torch.Tensor] = {}
         for f in files:
-            state.update(load_file(str(f)))
+            try:
+                state.update(load_file(str(f)))
+            except Exception as exc:  # truncated/corrupt file (SafetensorError) or vanished file (OSError)
+                raise ValueError(f"unreadable weights file {f}: {type(exc).__name__}: {exc}") from exc
         expected = self.expected_tensors()
         known = set(self.model.state_dict().keys())
         missing = sorted(set(expected) - set(state))

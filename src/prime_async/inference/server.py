@@ -155,6 +155,8 @@ def _add_admin_routes(app: FastAPI, engine: Engine, model_path: str) -> None:
                 abort_all=req.abort_all_requests,
             )  # fmt: skip
         except ValueError as exc:  # invalid weights: nothing was changed
+            version = req.weight_version
+            logger.error("refused weights %s (v%s), old weights kept: %s", req.model_path, version, exc)
             return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
         body = {"success": ok, "message": message, "num_paused_requests": num_paused}
         return JSONResponse(body, status_code=200 if ok else 400)
