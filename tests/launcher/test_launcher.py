@@ -74,3 +74,20 @@ def test_jsonl_follower_returns_only_complete_new_lines(tmp_path: Path) -> None:
         f.write("}\n")
     assert follower.new_records() == [{"step": 1}]
     assert follower.new_records() == []
+
+
+def test_progress_line_waits_for_the_trainer_record(tmp_path: Path, caplog) -> None:
+    import logging
+
+    from prime_async.launcher.progress import ProgressView
+
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    view = ProgressView(metrics_dir=metrics, max_steps=2)
+    (metrics / "orchestrator.jsonl").write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
+    with caplog.at_level(logging.INFO):
+        view.poll()
+        assert "step" not in caplog.text
+        (metrics / "trainer.jsonl").write_text(json.dumps({"step": 0, "loss/total": 0.25}) + "\n")
+        view.poll()
+    assert "reward 0.500" in caplog.text and "loss 0.250" in caplog.text

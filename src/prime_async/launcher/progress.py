@@ -36,7 +36,7 @@ class JsonlFollower:
 
 
 class ProgressView:
-    """Prints one concise line per finished step."""
+    """Prints one concise line per step, once both orchestrator and trainer have logged it."""
 
     def __init__(self, *, metrics_dir: Path, max_steps: int):
         self.max_steps = max_steps
@@ -51,9 +51,10 @@ class ProgressView:
         for record in self._trainer.new_records():
             self._trainer_by_step[int(record["step"])] = record
         self._pending.extend(self._orchestrator.new_records())
-        for record in self._pending:
-            self._print(record, self._trainer_by_step.get(int(record["step"]), {}))
-        self._pending.clear()
+        # A step is shown once the trainer has trained it too (its batch is cut before it is trained).
+        while self._pending and int(self._pending[0]["step"]) in self._trainer_by_step:
+            record = self._pending.pop(0)
+            self._print(record, self._trainer_by_step.pop(int(record["step"])))
 
     def _print(self, orch: dict[str, Any], train: dict[str, Any]) -> None:
         self._steps_done = max(self._steps_done, int(orch["step"]) + 1)
@@ -73,6 +74,9 @@ class ProgressView:
         logger.info(" | ".join(parts))
 
     def finish(self) -> None:
+        for record in self._pending:
+            self._print(record, self._trainer_by_step.get(int(record["step"]), {}))
+        self._pending.clear()
         logger.info("done: %d steps in %.1f s", self._steps_done, time.monotonic() - self._started)
 
 
