@@ -86,4 +86,4 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     ci_lines = [line for line in (repo / ".ci" / "run").read_text().splitlines() if "uv run" in line]
     assert len(ci_lines) == 1
     assert ci_lines[0].strip() in readme
-    assert ci_lines[0].strip().endswith("uv run pytest")
+    assert ci_lines[0].strip().endswith("uv run --extra megatron pytest")
