@@ -83,6 +83,7 @@ def test_engine_refuses_truncated_weights_and_keeps_serving(tiny_model_dir: Path
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, log)
+        assert _listening_hosts(port) == {"127.0.0.1"}  # the engine's HTTP server binds loopback by default
         probe = {"input_ids": [81, 82, 83], "sampling_params": GREEDY, "return_logprob": True}
         before = httpx.post(f"{url}/generate", json=probe, timeout=60).json()
         bad = tmp_path / "broadcasts" / "step_1"
@@ -104,6 +105,17 @@ def test_engine_refuses_truncated_weights_and_keeps_serving(tiny_model_dir: Path
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _listening_hosts(port: int) -> set[str]:
+    """IPv4 addresses LISTENing on `port`, from /proc/net/tcp."""
+    hosts = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, port_hex = local.split(":")
+        if state == "0A" and int(port_hex, 16) == port:
+            hosts.add(socket.inet_ntoa(bytes.fromhex(addr)[::-1]))
+    return hosts
 
 
 def free_port() -> int:

@@ -197,3 +197,19 @@ def test_rl_config_requires_api_key_off_loopback_and_propagates_it() -> None:
     cfg = RLConfig.model_validate({"inference": {"server": {"host": "0.0.0.0", "api_key": "s3cret"}}})
     assert cfg.orchestrator.inference.api_key == "s3cret"
     assert cfg.orchestrator.inference.base_urls[0].startswith("http://127.0.0.1:")
+
+
+def test_bound_address_of_a_running_gateway_is_loopback() -> None:
+    import asyncio
+
+    from prime_async.orchestrator.gateway import Gateway
+
+    async def main() -> set[str]:
+        gateway = Gateway(engines=[object()], seq_len=64)  # type: ignore[list-item]  (no call reaches it)
+        await gateway.start()
+        try:
+            return await asyncio.to_thread(_listening_hosts, gateway.port)
+        finally:
+            await gateway.stop()
+
+    assert asyncio.run(main()) == {"127.0.0.1"}
