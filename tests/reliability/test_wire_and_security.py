@@ -213,3 +213,34 @@ def test_bound_address_of_a_running_gateway_is_loopback() -> None:
             await gateway.stop()
 
     assert asyncio.run(main()) == {"127.0.0.1"}
+
+
+def test_every_admin_route_refuses_a_missing_or_wrong_api_key(tiny_model_dir: Path) -> None:
+    import torch
+    from fastapi.testclient import TestClient
+
+    from prime_async.inference.engine import Engine
+    from prime_async.inference.server import build_app
+
+    torch.set_num_threads(1)
+    engine = Engine(model_path=str(tiny_model_dir), max_running_requests=2, max_len=64)
+    routes = [
+        ("post", "/pause_generation", {"mode": "abort"}),
+        ("post", "/continue_generation", {}),
+        ("post", "/update_weights_from_disk", {"model_path": str(tiny_model_dir), "weight_version": "9"}),
+        ("post", "/abort_request", {"abort_all": True}),
+        ("post", "/flush_cache", {}),
+        ("get", "/flush_cache", None),
+        ("get", "/get_server_info", None),
+    ]
+    with TestClient(build_app(engine, api_key="s3cret")) as client:
+        assert client.get("/health").status_code == 200  # liveness stays open (the launcher polls it)
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for method, route, body in routes:
+                kw = {"json": body} if body is not None else {}
+                r = getattr(client, method)(route, headers=headers, **kw)
+                assert r.status_code == 401, (route, headers, r.status_code)
+        ok = client.get("/get_server_info", headers={"Authorization": "Bearer s3cret"})
+        assert (
+            ok.status_code == 200 and str(ok.json()["weight_version"]) == "0"
+        )  # the refused update did nothing
