@@ -44,6 +44,7 @@ from prime_async.trainer.ckpt import (
 )
 from prime_async.trainer.loss import LossFn, TokenStats, build_loss_fn, reduce_device
 from prime_async.trainer.parallelize import parallelize
+from prime_async.trainer.step_metrics import log_step, timing_metrics
 from prime_async.trainer.weights import WeightBroadcastHook, WeightPublisher
 from prime_async.transport.types import MicroBatch
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
@@ -304,16 +305,7 @@ class Trainer:
                 scheduler=self.scheduler,
                 keep=self.cfg.ckpt.keep,
             )
-        num_tokens = sum(sum(rank) for rank in batch.layout)
-        metrics.update(
-            {
-                "time/wait_for_batch": t1 - t0,
-                "time/train": t2 - t1,
-                "time/publish_weights": t3 - t2,
-                "perf/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
-                "loss/num_loss_tokens": batch.num_loss_tokens,
-            }
-        )
+        metrics.update(timing_metrics(batch, t_start=t0, t_batch=t1, t_trained=t2, t_published=t3))
         return metrics
 
     def run(self) -> None:
@@ -323,15 +315,7 @@ class Trainer:
                 metrics = self.run_step()
                 if self.monitor is not None:
                     self.monitor.log(metrics, step=n)
-                    logger.info(
-                        "step %d | loss %.4f | mismatch_kl %.2e | entropy %.3f | grad_norm %.3f | %.0f tok/s",
-                        n,
-                        metrics["loss/total"],
-                        metrics["mismatch_kl"],
-                        metrics["entropy"],
-                        metrics["optim/grad_norm"],
-                        metrics["perf/tokens_per_s"],
-                    )
+                    log_step(logger, n, metrics)
         finally:
             self.receiver.close()
             if self.monitor is not None:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from prime_async.config.trainer import TrainerConfig
 from prime_async.trainer.loss import build_loss_fn
 from prime_async.trainer.megatron.backend import MegatronBackend
+from prime_async.trainer.step_metrics import log_step, timing_metrics
 from prime_async.trainer.train import setup_distributed
 from prime_async.trainer.weights import WeightPublisher
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
@@ -116,16 +117,7 @@ class MegatronTrainer:
             self.publisher.publish(state, n + 1)
         t3 = time.perf_counter()
         self.step = n + 1
-        num_tokens = sum(sum(rank) for rank in batch.layout)
-        metrics.update(
-            {
-                "time/wait_for_batch": t1 - t0,
-                "time/train": t2 - t1,
-                "time/publish_weights": t3 - t2,
-                "perf/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
-                "loss/num_loss_tokens": batch.num_loss_tokens,
-            }
-        )
+        metrics.update(timing_metrics(batch, t_start=t0, t_batch=t1, t_trained=t2, t_published=t3))
         return metrics
 
     def run(self) -> None:
@@ -135,14 +127,7 @@ class MegatronTrainer:
                 metrics = self.run_step()
                 if self.monitor is not None:
                     self.monitor.log(metrics, step=n)
-                    logger.info(
-                        "step %d | loss %.4f | mismatch_kl %.2e | grad_norm %.3f | %.0f tok/s",
-                        n,
-                        metrics["loss/total"],
-                        metrics["mismatch_kl"],
-                        metrics["optim/grad_norm"],
-                        metrics["perf/tokens_per_s"],
-                    )
+                    log_step(logger, n, metrics)
         finally:
             self.receiver.close()
             if self.monitor is not None:

@@ -1,0 +1,36 @@
+"""Per-step timing metrics and the console line, shared by the fsdp and megatron training loops."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prime_async.transport.zmq_batches import RankBatch
+
+
+def timing_metrics(
+    batch: RankBatch, *, t_start: float, t_batch: float, t_trained: float, t_published: float
+) -> dict[str, float]:
+    """`time/*`, `perf/tokens_per_s` (whole batch, all ranks) and the batch's loss-token count."""
+    num_tokens = sum(sum(rank) for rank in batch.layout)
+    return {
+        "time/wait_for_batch": t_batch - t_start,
+        "time/train": t_trained - t_batch,
+        "time/publish_weights": t_published - t_trained,
+        "perf/tokens_per_s": num_tokens / max(t_trained - t_batch, 1e-9),
+        "loss/num_loss_tokens": batch.num_loss_tokens,
+    }
+
+
+def log_step(logger: logging.Logger, step: int, metrics: dict[str, Any]) -> None:
+    """One console line per step: loss, mismatch KL, entropy (when computed), grad norm, tokens/s."""
+    entropy = f" | entropy {metrics['entropy']:.3f}" if "entropy" in metrics else ""
+    logger.info(
+        "step %d | loss %.4f | mismatch_kl %.2e%s | grad_norm %.3f | %.0f tok/s",
+        step,
+        metrics["loss/total"],
+        metrics["mismatch_kl"],
+        entropy,
+        metrics["optim/grad_norm"],
+        metrics["perf/tokens_per_s"],
+    )
