@@ -1,0 +1,133 @@
+"""Helpers of the fault/soak tests: run `rl` as a real process, kill its components at given steps, and
+check the run afterwards from what the processes wrote (metrics JSONL, logs, checkpoints).
+
+Used by `test_faults.py` (CI, shortened) and `scripts/soak.sh` (full: SOAK_STEPS=50+).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUCKETS = ("inflight", "buffered", "trained", "dropped_stale", "filtered", "errored", "cancelled")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class Kill:
+    component: str  # inference | trainer | orchestrator
+    at_step: int  # after this many orchestrator metric rows exist
+    pid: int = 0
+    time: float = 0.0  # time.time() of the SIGKILL
+
+
+@dataclass
+class SoakRun:
+    out: Path
+    steps: int
+    k: int
+    pause_mode: str
+    max_buffered_groups: int
+    kills: list[Kill] = field(default_factory=list)
+    returncode: int | None = None
+    stderr: str = ""
+
+
+def _component_pid(out: Path, component: str) -> int | None:
+    """PID of the running `<component> @ out/configs/<component>*.toml` process."""
+    needle = str(out / "configs" / component)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+        except OSError:  # tolerated: the process exited while we looked
+            continue
+        if len(cmd) >= 2 and cmd[-2] == "@" and cmd[-1].startswith(needle):
+            return int(entry.name)
+    return None
+
+
+def _killer(run: SoakRun, stop: threading.Event) -> None:
+    metrics = run.out / "metrics" / "orchestrator.jsonl"
+    for kill in run.kills:
+        while not stop.is_set():
+            rows = len(read_jsonl(metrics))
+            pid = _component_pid(run.out, kill.component)
+            if rows >= kill.at_step and pid is not None:
+                kill.pid, kill.time = pid, time.time()
+                os.kill(pid, signal.SIGKILL)
+                break
+            stop.wait(0.2)
+        stop.wait(5.0)  # let the restart begin before the next kill is looked for
+
+
+def run_rl(run: SoakRun, *, model_dir: Path, timeout_s: float, extra: list[str] = ()) -> SoakRun:
+    """Run `rl` on the tiny config with restarts enabled and `run.kills` applied; fills returncode/stderr."""
+    cmd = [
+        sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
+        "--output-dir", str(run.out), "--model.path", str(model_dir),
+        "--max-steps", str(run.steps), "--inference.server.port", str(free_port()),
+        "--transport.port", str(free_port()), "--orchestrator.pause-mode", run.pause_mode,
+        "--orchestrator.max-off-policy-steps", str(run.k),
+        "--orchestrator.max-buffered-groups", str(run.max_buffered_groups),
+        "--restart.max-restarts", "1", "--restart.backoff-s", "0.5", "--orchestrator.unused-handler", "retry",
+        "--trainer.ckpt.interval", "2", "--orchestrator.ckpt.interval", "1", "--transport.resend-window", "4",
+        *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    stop = threading.Event()
+    killer = threading.Thread(target=_killer, args=(run, stop), daemon=True)
+    killer.start()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    finally:
+        stop.set()
+        killer.join(10)
+    run.returncode, run.stderr = proc.returncode, proc.stderr
+    return run
+
+
+def lifetimes(rows: list[dict]) -> list[list[dict]]:
+    """Orchestrator metric rows split per process lifetime (the ledger restarts with the process)."""
+    out: list[list[dict]] = []
+    for row in rows:
+        if not out or row["step"] <= out[-1][-1]["step"]:
+            out.append([])
+        out[-1].append(row)
+    return out
+
+
+def trained_prompts(out: Path, step: int) -> set[tuple[int, int]]:
+    """(example, epoch) trained through `step`, from the orchestrator checkpoint of that step: every prompt
+    issued by the seeded order up to `position`, minus those saved as issued-but-untrained (retry)."""
+    from prime_async.orchestrator.data_source import DataSource
+
+    state = json.loads((out / "checkpoints" / "orchestrator" / f"step_{step}.json").read_text())["data"]
+    issued: set[tuple[int, int]] = set()
+    for epoch in range(state["epoch"] + 1):
+        data = DataSource(num_examples=state["num_examples"], seed=state["seed"], shuffle=state["shuffle"])
+        order = data._make_order(epoch)
+        upto = state["position"] if epoch == state["epoch"] else len(order)
+        issued |= {(int(e), epoch) for e in order[:upto]}
+    return issued - {(int(e), int(ep)) for e, ep in state["retry"]}
