@@ -8,7 +8,9 @@ One run kills each component once with SIGKILL (inference, then trainer, then or
   transport's resend cache;
 - orchestrator: restarted with resume (the trainer rolls back to its checkpoint with it); from the
   orchestrator checkpoints, the prompts trained through every step form one growing set of exactly
-  `(step + 1) * batch_groups` prompts (none skipped, none trained twice);
+  `(step + 1) * batch_groups` prompts (none skipped, none trained twice). The run uses
+  `unused_handler = "retry"`: with the default "drop", prompts of errored/stale groups are skipped by
+  design, and the count would differ by those;
 - afterwards every step exists in both metrics files and the ledger balanced at every step.
 CI runs it shortened (SOAK_STEPS, default 12; pause mode drawn from SOAK_SEED); `scripts/soak.sh` runs
 50+ steps in every pause mode.
