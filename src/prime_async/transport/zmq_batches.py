@@ -21,6 +21,7 @@ re-raised by the next `send`/`wait_ready`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -120,7 +121,7 @@ class BatchSender:
             self._cache[batch.step] = frames
             self._last_step = batch.step
             self._evict_locked()
-        self._wake_push.send(b"")
+        self._wake()
 
     def wait_delivered(self, step: int, timeout: float) -> bool:
         """Block until every rank was sent its slice of batch `step` (False on timeout).
@@ -139,7 +140,7 @@ class BatchSender:
 
     def close(self) -> None:
         self._stop.set()
-        self._wake_push.send(b"")
+        self._wake()
         self._thread.join(timeout=5)
         self._wake_push.close(linger=0)
 
@@ -150,6 +151,12 @@ class BatchSender:
         self.close()
 
     # -- internals -------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        """Nudge the sender thread. Never blocks: a PUSH without a live peer (the thread already exited)
+        would block forever, and a lost nudge costs at most one 200 ms poll."""
+        with contextlib.suppress(zmq.Again):
+            self._wake_push.send(b"", zmq.NOBLOCK)
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"batch sender thread failed: {self._error}") from self._error
