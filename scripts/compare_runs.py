@@ -72,7 +72,7 @@ def summarize(run: RunMetrics, skip_steps: int) -> dict[str, str]:
         return [y for s, y in zip(steps, ys, strict=True) if s >= skip_steps]
 
     step_time = values("orchestrator", "time/step")
-    tokens = values("orchestrator", "perf/tokens_per_s")
+    tokens = values("orchestrator", "rollout/tokens_per_s") or values("orchestrator", "perf/tokens_per_s")
     staleness = values("orchestrator", "rollout/data_staleness/mean")
     reward = values("orchestrator", "reward/mean")
     kl = values("trainer", "mismatch_kl")
@@ -83,7 +83,7 @@ def summarize(run: RunMetrics, skip_steps: int) -> dict[str, str]:
         "throughput (tok/s)": _mean(tokens, 0),
         "mean staleness": _mean(staleness, 2),
         "reward range": _range(reward, 3),
-        "mismatch KL range": _range(kl, 4),
+        "mismatch KL range": _range(kl, 4, scientific=True),
     }
 
 
@@ -91,8 +91,11 @@ def _mean(xs: list[float], digits: int) -> str:
     return f"{statistics.fmean(xs):.{digits}f}" if xs else "-"
 
 
-def _range(xs: list[float], digits: int) -> str:
-    return f"{min(xs):.{digits}f}-{max(xs):.{digits}f}" if xs else "-"
+def _range(xs: list[float], digits: int, *, scientific: bool = False) -> str:
+    if not xs:
+        return "-"
+    spec = f".{digits - 2}e" if scientific else f".{digits}f"
+    return f"{min(xs):{spec}} - {max(xs):{spec}}"
 
 
 def print_table(rows: list[dict[str, str]]) -> None:

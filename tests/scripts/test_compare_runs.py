@@ -21,7 +21,7 @@ def _write_run(run_dir: Path, k: int, step_time: float) -> None:
                 "time": 1000 + step_time * (step + 1),
                 "time/step": step_time,
                 "reward/mean": 0.1 * step,
-                "perf/tokens_per_s": 100.0 / step_time,
+                "rollout/tokens_per_s": 100.0 / step_time,
                 "rollout/data_staleness/mean": 0.0 if k == 0 else 1.0,
             }
             f.write(json.dumps(record) + "\n")
@@ -49,10 +49,10 @@ def test_compare_runs_prints_table_and_writes_png(tmp_path: Path) -> None:
     )
     lines = result.stdout.splitlines()
     assert lines[0].startswith("run")
-    sync_row, async_row = lines[1].split(), lines[2].split()
+    sync_row, async_row = lines[1].split(), lines[2].split()  # ranges hold spaces: compare prefixes
     assert sync_row[0] == "sync" and sync_row[2] == "2.00" and sync_row[3] == "50"
     assert async_row[0] == "async-k2" and async_row[2] == "1.00" and async_row[4] == "1.00"
-    assert "0.100-0.300" in lines[1] and "0.0020-0.0040" in lines[2]
+    assert "0.100 - 0.300" in lines[1] and "2.00e-03 - 4.00e-03" in lines[2]
     assert out.stat().st_size > 10_000
 
 
