@@ -21,7 +21,7 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-_WORDS = (
+_WORDS = (  # noqa: SIM905 (one readable block of words)
     "the a of to and in is it you that he was for on are with as his they be at one have this from or "
     "had by word but what some we can out other were all there when up use your how said an each she "
     "which do their time if will way about many then them write would like so these her long make thing "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from prime_async.transport.zmq_batches import RankBatch
 
@@ -34,3 +34,29 @@ def log_step(logger: logging.Logger, step: int, metrics: dict[str, Any]) -> None
         metrics["optim/grad_norm"],
         metrics["perf/tokens_per_s"],
     )
+
+
+class SteppingTrainer(Protocol):
+    """What `run_steps` needs of a training loop (fsdp `Trainer`, megatron `MegatronTrainer`)."""
+
+    step: int
+    max_steps: int | None
+    monitor: Any
+    receiver: Any
+
+    def run_step(self) -> dict[str, Any]: ...
+
+
+def run_steps(trainer: SteppingTrainer, logger: logging.Logger) -> None:
+    """Train until `max_steps` (forever if None), logging each step; always closes receiver and monitor."""
+    try:
+        while trainer.max_steps is None or trainer.step < trainer.max_steps:
+            n = trainer.step
+            metrics = trainer.run_step()
+            if trainer.monitor is not None:
+                trainer.monitor.log(metrics, step=n)
+                log_step(logger, n, metrics)
+    finally:
+        trainer.receiver.close()
+        if trainer.monitor is not None:
+            trainer.monitor.close()

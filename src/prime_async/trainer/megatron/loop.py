@@ -25,7 +25,7 @@ import torch.distributed as dist
 from prime_async.config.trainer import TrainerConfig
 from prime_async.trainer.loss import build_loss_fn
 from prime_async.trainer.megatron.backend import MegatronBackend
-from prime_async.trainer.step_metrics import log_step, timing_metrics
+from prime_async.trainer.step_metrics import run_steps, timing_metrics
 from prime_async.trainer.train import setup_distributed
 from prime_async.trainer.weights import WeightPublisher
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
@@ -120,18 +120,12 @@ class MegatronTrainer:
         metrics.update(timing_metrics(batch, t_start=t0, t_batch=t1, t_trained=t2, t_published=t3))
         return metrics
 
+    @property
+    def max_steps(self) -> int | None:
+        return self.cfg.max_steps
+
     def run(self) -> None:
-        try:
-            while self.cfg.max_steps is None or self.step < self.cfg.max_steps:
-                n = self.step
-                metrics = self.run_step()
-                if self.monitor is not None:
-                    self.monitor.log(metrics, step=n)
-                    log_step(logger, n, metrics)
-        finally:
-            self.receiver.close()
-            if self.monitor is not None:
-                self.monitor.close()
+        run_steps(self, logger)
 
 
 def run_megatron(cfg: TrainerConfig) -> None:
