@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from prime_async.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_renderers_lock() -> None:
+    """`renderers.client` keeps a module-level asyncio.Lock that binds to the first event loop that
+    contends it; a later test's event loop then fails with "bound to a different event loop". A real
+    process runs one loop, so only the test session needs a fresh lock per test."""
+    module = sys.modules.get("renderers.client")
+    if module is not None and hasattr(module, "_max_prompt_len_lock"):
+        module._max_prompt_len_lock = asyncio.Lock()
