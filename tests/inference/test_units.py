@@ -160,3 +160,19 @@ def test_api_key_protects_admin_routes(tiny_model_dir):
             "/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 2}}, headers=auth
         )
         assert r.status_code == 200 and len(r.json()["output_ids"]) <= 2
+
+
+def test_kv_cache_compaction_outside_inference_mode(tiny_model_dir) -> None:
+    """Compaction runs on abort/pause paths outside the inference-mode forward; the cache tensors
+    were made inside it, and an in-place write to them outside inference mode used to raise."""
+    import torch
+
+    from prime_async.inference.model_runner import ModelRunner
+
+    runner = ModelRunner(
+        model_path=str(tiny_model_dir), dtype="float32", device="cpu", num_slots=2, max_len=64, chunk=16
+    )
+    with torch.inference_mode():
+        runner.ensure_capacity(32)
+    runner.move_slot(0, 1, 8)  # outside inference mode
+    torch.testing.assert_close(runner.k_cache[0][1, :, :8], runner.k_cache[0][0, :, :8])

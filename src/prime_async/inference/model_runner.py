@@ -165,6 +165,7 @@ class ModelRunner:
         return len(params)
 
     # ---- KV cache ------------------------------------------------------------------------------------
+    @torch.inference_mode()
     def ensure_capacity(self, length: int) -> None:
         """Grow every slot to hold `length` positions (doubling, chunk-aligned, <= max_len)."""
         if length <= self.capacity:
@@ -184,12 +185,18 @@ class ModelRunner:
             new_v.append(v)
         self.k_cache, self.v_cache, self.capacity = new_k, new_v, cap
 
+    @torch.inference_mode()
     def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` cached positions of slot `src` into slot `dst` (compaction)."""
+        """Copy the first `length` cached positions of slot `src` into slot `dst` (compaction).
+
+        Inference mode: the cache tensors are created inside the inference-mode forward, and an in-place
+        write to an inference tensor outside inference mode raises (compaction also runs on abort/pause).
+        """
         for k, v in zip(self.k_cache, self.v_cache, strict=True):
             k[dst, :, :length] = k[src, :, :length]
             v[dst, :, :length] = v[src, :, :length]
 
+    @torch.inference_mode()
     def free_cache(self) -> None:
         """Drop the cache back to one chunk (used by flush when nothing holds KV)."""
         self.capacity = 0
