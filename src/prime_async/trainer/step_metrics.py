@@ -60,3 +60,12 @@ def run_steps(trainer: SteppingTrainer, logger: logging.Logger) -> None:
         trainer.receiver.close()
         if trainer.monitor is not None:
             trainer.monitor.close()
+
+
+def build_monitor(cfg: Any) -> Any:
+    """The trainer's metrics sink (`metrics/trainer.jsonl` + wandb); rank 0 only."""
+    from prime_async.utils.monitor import Monitor
+
+    return Monitor(
+        output_dir=cfg.output_dir, name="trainer", wandb_cfg=cfg.wandb, config=cfg.model_dump(mode="json")
+    )

@@ -44,7 +44,7 @@ from prime_async.trainer.ckpt import (
 )
 from prime_async.trainer.loss import LossFn, TokenStats, build_loss_fn, reduce_device
 from prime_async.trainer.parallelize import parallelize
-from prime_async.trainer.step_metrics import run_steps, timing_metrics
+from prime_async.trainer.step_metrics import build_monitor, run_steps, timing_metrics
 from prime_async.trainer.weights import WeightBroadcastHook, WeightPublisher
 from prime_async.transport.types import MicroBatch
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
@@ -231,7 +231,7 @@ class Trainer:
         self.loss_fn = build_loss_fn(cfg.loss)
         self.step = self._maybe_resume()
         self.publisher = self._build_publisher() if self.rank == 0 else None
-        self.monitor = self._build_monitor() if self.rank == 0 else None
+        self.monitor = build_monitor(cfg) if self.rank == 0 else None
         self.receiver = BatchReceiver(cfg=cfg.transport, rank=self.rank, world_size=self.world_size)
 
     def _maybe_resume(self) -> int:
@@ -256,16 +256,6 @@ class Trainer:
             model_config=self.model.config,
             source_dir=source,
             keep_last=self.cfg.weights.keep_last,
-        )
-
-    def _build_monitor(self):
-        from prime_async.utils.monitor import Monitor
-
-        return Monitor(
-            output_dir=self.cfg.output_dir,
-            name="trainer",
-            wandb_cfg=self.cfg.wandb,
-            config=self.cfg.model_dump(mode="json"),
         )
 
     def publish(self, version: int) -> None:

@@ -25,10 +25,10 @@ import torch.distributed as dist
 from prime_async.config.trainer import TrainerConfig
 from prime_async.trainer.loss import build_loss_fn
 from prime_async.trainer.megatron.backend import MegatronBackend
-from prime_async.trainer.step_metrics import run_steps, timing_metrics
-from prime_async.trainer.train import setup_distributed
+from prime_async.trainer.step_metrics import build_monitor, run_steps, timing_metrics
+from prime_async.trainer.train import check_staleness, setup_distributed
 from prime_async.trainer.weights import WeightPublisher
-from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
+from prime_async.transport.zmq_batches import BatchReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class MegatronTrainer:
         )
         self.step = 0
         self.publisher = self._build_publisher() if self.rank == 0 else None
-        self.monitor = self._build_monitor() if self.rank == 0 else None
+        self.monitor = build_monitor(cfg) if self.rank == 0 else None
         self.receiver = BatchReceiver(cfg=cfg.transport, rank=self.rank, world_size=self.world_size)
 
     def _build_publisher(self) -> WeightPublisher:
@@ -86,30 +86,12 @@ class MegatronTrainer:
             keep_last=self.cfg.weights.keep_last,
         )
 
-    def _build_monitor(self):
-        from prime_async.utils.monitor import Monitor
-
-        return Monitor(
-            output_dir=self.cfg.output_dir,
-            name="trainer",
-            wandb_cfg=self.cfg.wandb,
-            config=self.cfg.model_dump(mode="json"),
-        )
-
-    def _check_staleness(self, batch: RankBatch) -> None:
-        k = self.cfg.max_off_policy_steps
-        if k is not None and batch.step - batch.min_dispatch_version > k:
-            raise RuntimeError(
-                f"batch {batch.step} holds a group dispatched at version {batch.min_dispatch_version}: "
-                f"staleness {batch.step - batch.min_dispatch_version} > max_off_policy_steps={k}"
-            )
-
     def run_step(self) -> dict[str, float]:
         n = self.step
         t0 = time.perf_counter()
         batch = self.receiver.receive(n)
         t1 = time.perf_counter()
-        self._check_staleness(batch)
+        check_staleness(batch, self.cfg.max_off_policy_steps)
         metrics = self.backend.train_rank_batch(batch, step=n)
         t2 = time.perf_counter()
         state = self.backend.hf_state_dict()  # collective over all ranks
