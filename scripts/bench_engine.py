@@ -2,17 +2,28 @@
 
 Usage:
     uv run python scripts/bench_engine.py                      # tiny random model (built offline)
-    uv run python scripts/bench_engine.py --model-dir models/smollm2-135m-instruct --new-tokens 64
+    uv run python scripts/bench_engine.py --model-dir models/smollm2-135m-instruct --new-tokens 32
 
-Both sides sample (temperature 1) `--new-tokens` tokens per request from `--prompt-len`-token prompts,
-ignoring EOS, with `--threads` torch threads; tokens/s counts generated tokens over wall time including
-prefill. The engine is driven in-process (no HTTP) with all requests submitted at once.
+Three sides run alternately (`--repeats` rounds, order rotated each round) and the medians are printed:
+HF `generate`, the engine with `kernels = "dense"` (plain F.linear: the engine before oneDNN packing)
+and the engine with `kernels = "packed"` (the default). All sample (temperature 1) `--new-tokens`
+tokens per request from `--prompt-len`-token prompts, ignoring EOS, with `--threads` torch threads;
+tokens/s counts generated tokens over wall time including prefill. Engines are driven in-process (no
+HTTP) with all requests of a round submitted at once.
+
+Roofline: the machine's memory bandwidth (a large tensor sum) and fp32 matmul peak (a 1024^3 matmul)
+are measured here, then one decode step of each engine is timed alone at `prompt + new/2` positions:
+`mem` = weight bytes read per step / step time / bandwidth (the limit at small batches), `compute` =
+matmul FLOPs per step / step time / peak (the limit at large batches), `matmul` = share of the step
+spent in matmul kernels (torch profiler; the rest is what fusing or compiling could still remove).
+On a machine shared with other jobs, `--clock cpu` times CPU seconds of this process instead of wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +33,12 @@ import torch
 from prime_async.inference.engine import Engine
 from prime_async.inference.sampler import SamplingParams
 
+KERNELS = ("dense", "packed")
+# --clock cpu: CPU seconds of this process, for a machine shared with other jobs (waiting for a core is not
+# counted; sharing caches and memory bandwidth still is)
+_CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = _CLOCKS["wall"]
+
 
 def bench_generate(model, batch: int, prompt_len: int, new_tokens: int, vocab: int) -> float:
     ids = torch.randint(3, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
@@ -29,9 +46,9 @@ def bench_generate(model, batch: int, prompt_len: int, new_tokens: int, vocab: i
                   top_k=0, top_p=1.0, pad_token_id=0)  # fmt: skip
     with torch.inference_mode():
         model.generate(ids[:, :4], **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
-        start = time.perf_counter()
+        start = _clock()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-        elapsed = time.perf_counter() - start
+        elapsed = _clock() - start
     assert out.shape[1] == prompt_len + new_tokens
     return batch * new_tokens / elapsed
 
@@ -41,22 +58,115 @@ async def _engine_round(engine: Engine, batch: int, prompt_len: int, new_tokens:
     prompts = torch.randint(3, vocab, (batch, prompt_len), generator=gen).tolist()
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
     await engine.generate(prompts[0][:4], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
-    start = time.perf_counter()
+    start = _clock()
     outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-    elapsed = time.perf_counter() - start
+    elapsed = _clock() - start
     assert all(len(o.output_ids) == new_tokens for o in outs)
     return batch * new_tokens / elapsed
 
 
-def main() -> None:
+def _median_time(fn, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = _clock()
+        fn()
+        times.append(_clock() - start)
+    return statistics.median(times)
+
+
+def machine_limits() -> tuple[float, float]:
+    """(read bandwidth in bytes/s, fp32 matmul FLOP/s) on this thread count."""
+    big = torch.ones(64 * 2**20)  # 256 MiB, far beyond the per-core caches
+    bandwidth = big.numel() * big.element_size() / _median_time(big.sum)
+    a = torch.randn(1024, 1024)
+    peak = 2 * 1024**3 / _median_time(lambda: a @ a)
+    return bandwidth, peak
+
+
+def step_costs(engine: Engine) -> tuple[int, int]:
+    """(weight bytes read, matmul FLOPs per row) of one decode step: every projection plus the LM head."""
+    runner = engine.runner
+    projections = [p for lw in runner.layers for k, p in lw.items() if k in ("qkv", "o", "gate_up", "down")]
+    projections.append(runner.lm_head)
+    nbytes = sum(p.weight.numel() * p.weight.element_size() for p in projections)
+    return nbytes, 2 * sum(p.weight.numel() for p in projections)
+
+
+def _fill_slots(engine: Engine, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    prompts = [[3 + (slot + i) % 97 for i in range(length)] for slot in range(batch)]
+    engine.runner.prefill(prompts, list(range(batch)))
+    return torch.full((batch,), 5), torch.full((batch,), length)
+
+
+def decode_step_time(engine: Engine, batch: int, length: int) -> tuple[float, float]:
+    """(median seconds of one decode step over `batch` slots at `length` positions, matmul share)."""
+    ids, pos = _fill_slots(engine, batch, length)
+    step = lambda: engine.runner.decode(ids, pos, length + 1)  # noqa: E731
+    step()
+    seconds = _median_time(step)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in _MATMUL_KERNELS)
+    return seconds, matmul / max(total, 1)
+
+
+_MATMUL_KERNELS = {"aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"}
+
+
+def throughput_rounds(engines: dict[str, Engine], model, batch: int, args) -> dict[str, float]:
+    """Median tokens/s of HF generate and each engine over `args.repeats` alternating rounds."""
+    sides = ["generate", *engines]
+    samples: dict[str, list[float]] = {s: [] for s in sides}
+    shape = (batch, args.prompt_len, args.new_tokens, model.config.vocab_size)
+    for r in range(args.repeats):
+        for side in sides[r % len(sides) :] + sides[: r % len(sides)]:  # rotate who goes first
+            if side == "generate":
+                tok_s = bench_generate(model, *shape)
+            else:
+                tok_s = asyncio.run(_engine_round(engines[side], *shape))
+            samples[side].append(tok_s)
+    return {s: statistics.median(v) for s, v in samples.items()}
+
+
+def roofline_line(engine: Engine, batch: int, length: int, limits: tuple[float, float]) -> str:
+    bandwidth, peak = limits
+    nbytes, flops_per_row = step_costs(engine)
+    seconds, matmul_share = decode_step_time(engine, batch, length)
+    mem = nbytes / seconds / bandwidth
+    compute = batch * flops_per_row / seconds / peak
+    return f"{seconds * 1e3:6.1f} ms  mem {mem:4.0%}  compute {compute:4.0%}  matmul {matmul_share:4.0%}"
+
+
+def build_engines(model_dir: Path, args) -> dict[str, Engine]:
+    engines = {}
+    for kernels in KERNELS:
+        engines[kernels] = Engine(
+            model_path=str(model_dir), device=args.device, max_running_requests=max(args.batches),
+            max_len=args.prompt_len + args.new_tokens + 8, num_threads=args.threads, kernels=kernels,
+        )  # fmt: skip
+        engines[kernels].start()
+    return engines
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=None, help="HF dir (default: build the tiny model)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="alternating rounds per batch size (median)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=sorted(_CLOCKS), default="wall", help="wall or CPU seconds")
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    global _clock
+    _clock = _CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     model_dir = args.model_dir
     if model_dir is None:
@@ -64,23 +174,28 @@ def main() -> None:
 
         tmp = tempfile.TemporaryDirectory()  # removed at exit
         model_dir = build_tiny_model(Path(tmp.name) / "tiny")
-    engine = Engine(
-        model_path=str(model_dir), device=args.device, max_running_requests=max(args.batches),
-        max_len=args.prompt_len + args.new_tokens + 8, num_threads=args.threads,
-    )  # fmt: skip
-    engine.start()
-    model = engine.runner.model
-    vocab = engine.vocab_size
+    engines = build_engines(model_dir, args)
+    model = engines["packed"].runner.model
+    limits = machine_limits()
     print(f"model {model_dir} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params), "
-          f"prompt {args.prompt_len}, new tokens {args.new_tokens}, threads {args.threads}")  # fmt: skip
-    print(f"{'batch':>5} {'engine tok/s':>13} {'generate tok/s':>15} {'speedup':>8}")
+          f"prompt {args.prompt_len}, new tokens {args.new_tokens}, threads {args.threads}, "
+          f"repeats {args.repeats}, clock {args.clock}; machine: read {limits[0] / 1e9:.1f} GB/s, "
+          f"fp32 matmul {limits[1] / 1e9:.0f} GFLOP/s")  # fmt: skip
+    print(f"{'batch':>5} {'generate':>9} {'dense':>9} {'packed':>9} {'dense/gen':>9} {'packed/gen':>10} "
+          f"{'packed/dense':>12}   (tokens/s, medians)")  # fmt: skip
+    length = args.prompt_len + args.new_tokens // 2
     try:
         for b in args.batches:
-            eng = asyncio.run(_engine_round(engine, b, args.prompt_len, args.new_tokens, vocab))
-            ref = bench_generate(model, b, args.prompt_len, args.new_tokens, vocab)
-            print(f"{b:>5} {eng:>13.0f} {ref:>15.0f} {eng / ref:>7.2f}x", flush=True)
+            m = throughput_rounds(engines, model, b, args)
+            print(f"{b:>5} {m['generate']:>9.1f} {m['dense']:>9.1f} {m['packed']:>9.1f} "
+                  f"{m['dense'] / m['generate']:>8.2f}x {m['packed'] / m['generate']:>9.2f}x "
+                  f"{m['packed'] / m['dense']:>11.2f}x", flush=True)  # fmt: skip
+            for kernels, engine in engines.items():
+                line = roofline_line(engine, b, length, limits)
+                print(f"      decode step {kernels:>6}: {line}", flush=True)
     finally:
-        engine.stop()
+        for engine in engines.values():
+            engine.stop()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ nor other load on the machine inflates the figure.
 
     uv run python scripts/bench_orchestrator.py [--episodes 10000] [--group-size 8] [--batch-groups 16]
 
-Runs the real components (dispatcher, admission, sink, ledger checks, batching, weight watcher) with
+Runs the real components (dispatcher, admission, sink, group table checks, batching, weight watcher) with
 simulated engines and a fake trainer on a virtual clock, then runs the same number of simulated episodes
 without the orchestrator (a plain worker pool of the same concurrency over the rollout source). The
 difference divided by the number of dispatched episodes is the orchestrator's overhead per episode
@@ -21,7 +21,8 @@ import random
 import time
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.orchestrator.simulation import (
+from prime_async.inference.types import SamplingParams
+from prime_async.testing.simulation import (
     SimParams,
     SimulatedEngine,
     SimulatedRolloutSource,
@@ -39,7 +40,7 @@ async def _bare_episodes(params: SimParams, num_episodes: int, concurrency: int)
 
     async def worker() -> None:
         for i in todo:
-            await source.run_episode(example_id=i, engine_key=f"g{i}-e0", sampling={})
+            await source.run_episode(example_id=i, engine_key=f"g{i}-e0", sampling=SamplingParams())
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -64,8 +65,8 @@ def main() -> None:
     t0 = time.process_time()
     result = run_virtual(run_simulation(cfg, params, instrument=False))
     t_orch = time.process_time() - t0
-    dispatched = result.comps.ledger.dispatched
-    trained = result.comps.ledger.counts["trained"]
+    dispatched = result.comps.groups.dispatched
+    trained = result.comps.groups.counts()["trained"]
 
     t0 = time.process_time()
     run_virtual(_bare_episodes(params, dispatched, cfg.resolved_max_inflight_groups * cfg.group_size))

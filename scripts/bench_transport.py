@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from prime_async.transport.synthetic import make_batch, transport_cfg
+from prime_async.testing.synthetic import make_batch, transport_cfg
 from prime_async.transport.types import ARRAY_DTYPES
 from prime_async.transport.zmq_batches import BatchReceiver, BatchSender
 

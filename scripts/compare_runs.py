@@ -1,11 +1,18 @@
 """Compare runs side by side from their metrics JSONL files (sync vs async, or several K).
 
 Usage: uv run python scripts/compare_runs.py RUN_DIR [RUN_DIR ...] [--out compare.png] [--skip-steps 1]
+       [--window 5]
 
 Reads `RUN_DIR/metrics/{orchestrator,trainer}.jsonl`, writes one PNG with step time, reward vs
 wall-clock, reward vs step, staleness and mismatch KL, and prints a table like the RLinf seed's:
 mean step time, throughput (tokens/s), mean staleness, reward range, mismatch KL range.
 The first `--skip-steps` steps (warm-up) are left out of the table, as in the seed.
+
+A second table compares learning by wall-clock: the target is the reference run's final smoothed reward
+(trailing mean of `reward/mean` over `--window` steps; the reference is the sync run, K = 0, else the
+first RUN_DIR), and each run's time-to-reward is the wall-clock (seconds since its first step started)
+at the end of the first step whose smoothed reward reaches the target; the ratio is that time over the
+reference's. It also gives the mean reward of the first and of the last `--window` steps.
 """
 
 from __future__ import annotations
@@ -98,6 +105,73 @@ def _range(xs: list[float], digits: int, *, scientific: bool = False) -> str:
     return f"{min(xs):{spec}} - {max(xs):{spec}}"
 
 
+def smoothed(values: list[float], window: int) -> list[float]:
+    """Trailing mean: element i is the mean of values[max(0, i - window + 1) : i + 1] (same length)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1 (got {window})")
+    return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
+@dataclass(frozen=True)
+class TimeToReward:
+    """When a run's smoothed reward first reaches `target`: None when it never does."""
+
+    step: int | None
+    seconds: float | None
+
+
+def time_to_reward(run: RunMetrics, target: float, window: int) -> TimeToReward:
+    """The first step (and its wall-clock end, seconds since the run's first step started) at which the
+    trailing `window`-step mean of `reward/mean` is >= target. Steps are taken in increasing order."""
+    steps, rewards = run.series("orchestrator", "reward/mean")
+    order = sorted(range(len(steps)), key=steps.__getitem__)
+    steps, rewards = [steps[i] for i in order], [rewards[i] for i in order]
+    clock = run.wall_clock()
+    for step, value in zip(steps, smoothed(rewards, window), strict=True):
+        if value >= target:
+            return TimeToReward(step=step, seconds=clock[step])
+    return TimeToReward(step=None, seconds=None)
+
+
+def final_smoothed_reward(run: RunMetrics, window: int) -> float:
+    """The last value of the trailing `window`-step mean of `reward/mean` (the time-to-reward target)."""
+    steps, rewards = run.series("orchestrator", "reward/mean")
+    if not rewards:
+        raise ValueError(f"{run.name}: no reward/mean in metrics/orchestrator.jsonl")
+    order = sorted(range(len(steps)), key=steps.__getitem__)
+    return smoothed([rewards[i] for i in order], window)[-1]
+
+
+def reference_run(runs: list[RunMetrics]) -> RunMetrics:
+    """The sync run (named `sync`, K = 0) when there is one, else the first run."""
+    return next((run for run in runs if run.name == "sync"), runs[0])
+
+
+def time_to_reward_rows(runs: list[RunMetrics], window: int) -> list[dict[str, str]]:
+    """One row per run: first/last-window reward means, time and step to the reference's final smoothed
+    reward, and the time ratio to the reference ('-' where a run never reaches it)."""
+    reference = reference_run(runs)
+    target = final_smoothed_reward(reference, window)
+    ref_time = time_to_reward(reference, target, window).seconds
+    rows = []
+    for run in runs:
+        _, rewards = run.series("orchestrator", "reward/mean")
+        hit = time_to_reward(run, target, window)
+        ratio = hit.seconds / ref_time if hit.seconds is not None and ref_time else None
+        rows.append(
+            {
+                "run": run.name,
+                f"reward first {window}": _mean(rewards[:window], 3),
+                f"reward last {window}": _mean(rewards[-window:], 3),
+                "target": f"{target:.3f}",
+                "time to target (s)": "-" if hit.seconds is None else f"{hit.seconds:.1f}",
+                "step": "-" if hit.step is None else str(hit.step),
+                "ratio": "-" if ratio is None else f"{ratio:.2f}x",
+            }
+        )
+    return rows
+
+
 def print_table(rows: list[dict[str, str]]) -> None:
     headers = list(rows[0])
     widths = [max(len(h), *(len(r[h]) for r in rows)) for h in headers]
@@ -139,12 +213,18 @@ def main() -> None:
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("compare.png"))
     parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps left out of the table")
+    parser.add_argument("--window", type=int, default=5, help="steps of the trailing reward mean (>= 1)")
     args = parser.parse_args()
+    if args.window < 1:
+        parser.error(f"--window must be >= 1 (got {args.window})")
     try:
         runs = [load_run(d) for d in args.run_dirs]
+        ttr_rows = time_to_reward_rows(runs, args.window)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     print_table([summarize(run, args.skip_steps) for run in runs])
+    print()
+    print_table(ttr_rows)
     plot(runs, args.out)
 
 

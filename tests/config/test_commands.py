@@ -1,4 +1,4 @@
-"""The four console scripts, run as real subprocesses: `--help`, `--dry-run` and one-line errors.
+"""The five console scripts, run as real subprocesses: `--help`, `--dry-run` and one-line errors.
 
 They only parse configs here (no component starts), so each call takes about as long as importing pydantic.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
-COMMANDS = ["inference", "orchestrator", "trainer", "rl"]
+COMMANDS = ["inference", "orchestrator", "trainer", "rl", "eval"]
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -63,6 +63,11 @@ def test_dry_run_prints_resolved_toml(tmp_path: Path) -> None:
         ),
         (["rl", "@", "missing.toml"], "rl: error: config file not found: missing.toml"),
         (
+            ["eval", "--weights.steps", "[3]"],
+            "eval: error: --weights.steps: weights: weights.steps, weights.include_base: set "
+            "weights.run_dir (a run's output_dir)",
+        ),
+        (
             ["inference", "--server.prot", "1"],
             "inference: error: --server.prot: unknown key 'server.prot' (did you mean 'server.port'?)",
         ),
@@ -86,4 +91,4 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     ci_lines = [line for line in (repo / ".ci" / "run").read_text().splitlines() if "uv run" in line]
     assert len(ci_lines) == 1
     assert ci_lines[0].strip() in readme
-    assert ci_lines[0].strip().endswith("uv run --extra megatron pytest")
+    assert ci_lines[0].strip().endswith("uv run --extra megatron --extra sglang pytest")

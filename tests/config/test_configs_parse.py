@@ -1,8 +1,8 @@
 """Every TOML under `configs/` parses into the config class its file name names.
 
 `rl*.toml` -> RLConfig, `inference*.toml` -> InferenceConfig, `orchestrator*.toml` -> OrchestratorConfig,
-`trainer*.toml` -> TrainerConfig. A file matching none of these fails the test, so a new config cannot
-slip in untested.
+`trainer*.toml` -> TrainerConfig, `eval*.toml` -> EvalConfig (the `eval` command). A file matching none
+of these fails the test, so a new config cannot slip in untested.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from prime_async.config.eval import EvalConfig
 from prime_async.config.inference import InferenceConfig
 from prime_async.config.loader import load_config
 from prime_async.config.megatron import megatron_installed
@@ -25,6 +26,7 @@ CLASSES = {
     "inference": InferenceConfig,
     "orchestrator": OrchestratorConfig,
     "trainer": TrainerConfig,
+    "eval": EvalConfig,
 }
 ALL_TOML = sorted(CONFIGS_DIR.rglob("*.toml"))
 
@@ -39,6 +41,7 @@ def config_class(path: Path) -> type:
 
 
 def test_configs_dir_has_the_demo() -> None:
+    assert CONFIGS_DIR / "echo_text" / "rl.toml" in ALL_TOML  # the README's first command
     assert CONFIGS_DIR / "reverse_text" / "rl.toml" in ALL_TOML
 
 
@@ -62,10 +65,10 @@ def test_config_file_parses(path: Path) -> None:
         assert cfg.trainer.max_off_policy_steps == cfg.orchestrator.max_off_policy_steps
 
 
-def test_sync_and_async_demo_runs_share_a_wandb_group() -> None:
+@pytest.mark.parametrize("demo", ["echo_text", "reverse_text"])
+def test_sync_and_async_demo_runs_share_a_wandb_group(demo: str) -> None:
     runs = [
-        load_config(RLConfig, ["@", str(CONFIGS_DIR / "reverse_text" / name)])
-        for name in ("rl.toml", "rl_sync.toml")
+        load_config(RLConfig, ["@", str(CONFIGS_DIR / demo / name)]) for name in ("rl.toml", "rl_sync.toml")
     ]
     assert runs[0].wandb.group == runs[1].wandb.group is not None
     assert runs[0].wandb.name != runs[1].wandb.name

@@ -67,6 +67,13 @@ def test_shared_overrides_reach_every_component(tmp_path: Path) -> None:
     assert cfg.trainer.transport.port == cfg.orchestrator.transport.port == 6001
 
 
+def test_log_level_is_case_insensitive(tmp_path: Path) -> None:
+    rl = write(tmp_path, "rl.toml", "[log]\nlevel = 'warning'\n")
+    cfg = load_config(RLConfig, ["@", rl, "--log.level", "debug"])
+    assert {getattr(cfg, name).log.level for name in SUBS} == {"DEBUG"}
+    assert load_config(RLConfig, ["@", rl]).log.level == "WARNING"
+
+
 def test_cross_component_links() -> None:
     cfg = load_config(
         RLConfig,
@@ -255,3 +262,19 @@ def test_sections_given_as_instances_keep_their_union_variant() -> None:
     cfg.max_steps = 4
     assert cfg.trainer.loss == M2POLossConfig() and cfg.trainer.max_steps == 4
     assert RLConfig.model_validate(explicit_values(cfg)) == cfg
+
+
+def test_deterministic_reaches_every_component_and_needs_the_newest_k_plus_1_broadcasts() -> None:
+    k2 = ["--orchestrator.max-off-policy-steps", "2"]  # the default K = 8 needs keep_last >= 9
+    cfg = load_config(RLConfig, ["--deterministic", "true", "--inference.backend", "sglang", *k2])
+    assert cfg.inference.deterministic and cfg.orchestrator.deterministic and cfg.trainer.deterministic
+    from prime_async.inference.sglang_launcher import build_launch_specs
+
+    assert "--enable-deterministic-inference" in build_launch_specs(cfg.inference)[0].argv
+    assert "--enable-deterministic-inference" not in build_launch_specs(RLConfig().inference)[0].argv
+    assert not RLConfig().orchestrator.deterministic
+    error = load_error(["--deterministic", "true", "--orchestrator.max-off-policy-steps", "3",
+                        "--trainer.weights.keep-last", "3"])  # fmt: skip
+    assert "trainer.weights.keep_last (3) must be >= max_off_policy_steps + 1 (4)" in error
+    error = load_error(["--deterministic", "true", "--orchestrator.deterministic", "false", *k2])
+    assert "orchestrator.deterministic = False conflicts with deterministic = True" in error

@@ -1,5 +1,5 @@
 """Reward functions and data generators of the example environments vs hand-computed values, and
-loading both environments by id through verifiers' real loaders."""
+loading the environments by id through verifiers' real loaders."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 vf = pytest.importorskip("verifiers.v1")
 
 from calculator import evaluate, make_examples, parse_answer, parse_calc  # noqa: E402
+from echo_text import make_examples as make_echo_texts  # noqa: E402
+from echo_text import similarity  # noqa: E402
 from reverse_text import lcs_ratio  # noqa: E402
 from reverse_text import make_examples as make_texts  # noqa: E402
 from reverse_text.taskset import lcs_length  # noqa: E402
@@ -45,6 +47,26 @@ def test_reverse_text_data_is_deterministic_and_offline() -> None:
     assert a == make_texts(num_examples=50, seed=3)
     assert a != make_texts(num_examples=50, seed=4)
     assert all(0 < len(t) <= 40 for t in a)
+
+
+def test_echo_similarity_by_hand() -> None:
+    assert similarity("go at tzi", "go at tzi") == 1.0
+    assert similarity("", "") == 1.0  # difflib: two empty sequences match
+    assert similarity("", "go") == 0.0
+    assert similarity('"go at tzi"', "go at tzi") == pytest.approx(2 * 9 / 20)  # quotes cost 2 chars
+    assert similarity("So in all.", "so in all") == pytest.approx(2 * 8 / 19)  # "o in all" matches
+    assert similarity("abc", "xyz") == 0.0
+
+
+def test_echo_text_data_is_deterministic_and_bounded() -> None:
+    a = make_echo_texts(num_examples=60, seed=3)
+    assert a == make_echo_texts(num_examples=60, seed=3)
+    assert a != make_echo_texts(num_examples=60, seed=4)
+    assert all(2 <= len(t.split()) <= 5 for t in a)  # 2-4 words + at most one random token
+    one = make_echo_texts(num_examples=20, seed=1, min_words=1, max_words=1, random_token_p=0.0)
+    assert all(len(t.split()) == 1 for t in one)
+    with pytest.raises(ValueError, match="min_words"):
+        make_echo_texts(num_examples=1, seed=0, min_words=3, max_words=2)
 
 
 def test_calculator_evaluator_and_parsers() -> None:
@@ -93,6 +115,26 @@ def test_load_reverse_text_by_id_and_score() -> None:
     half = _trace_with_reply(task, "")
     asyncio.run(task.score(half))
     assert half.reward == 0.0
+
+
+def test_load_echo_text_by_id_and_score() -> None:
+    for env_id in ("echo-text", "echo_text"):
+        env = _load(env_id, num_examples=5, seed=2)
+        tasks = list(env.taskset)
+        assert type(env.taskset).__name__ == "EchoTextTaskset"
+        assert [t.data.text for t in tasks] == make_echo_texts(num_examples=5, seed=2)
+    task = tasks[0]
+    assert task.data.text in task.data.prompt
+    scores = {}
+    replies = {"exact": f"  {task.data.text}\n", "quoted": f'"{task.data.text}"', "empty": ""}
+    for name, reply in replies.items():
+        trace = _trace_with_reply(task, reply)
+        asyncio.run(task.score(trace))
+        scores[name] = trace.reward
+    assert scores["exact"] == 1.0 and scores["empty"] == 0.0
+    assert scores["quoted"] == pytest.approx(similarity(f'"{task.data.text}"', task.data.text))
+    with pytest.raises(ValueError, match="min_words"):
+        _load("echo-text", min_words=4, max_words=2)
 
 
 def test_load_calculator_by_id_and_score() -> None:

@@ -25,12 +25,13 @@ import torch
 from hf_engine import HFEngineClient
 
 from prime_async.config.env import EnvConfig
+from prime_async.inference.types import SamplingParams
 from prime_async.orchestrator.envs import VerifiersRolloutSource, build_rollout_source
 from prime_async.orchestrator.types import Episode
 
 pytest.importorskip("verifiers.v1")
 
-SAMPLING = {"temperature": 1.0, "max_tokens": 12}
+SAMPLING = SamplingParams(temperature=1.0, max_tokens=12)
 FAULTY = Path(__file__).parent / "faulty_rewards.py"
 
 
@@ -126,7 +127,7 @@ def test_calculator_episode_masks_tool_turns(
         final = [*tokenizer.encode(f"I get <answer>{task.data.answer}</answer>"), eos]
         engine.force_next(first)
         engine.force_next(final)
-        sampling = {"temperature": 1.0, "max_tokens": 64}
+        sampling = SamplingParams(temperature=1.0, max_tokens=64)
         ep = await source.run_episode(example_id=2, engine_key="0", sampling=sampling)
         return ep, task, first, final
 
@@ -179,14 +180,14 @@ def test_empty_completion_is_an_error(engine: HFEngineClient, tiny_model_dir: Pa
 def test_truncated_at_seq_len(engine: HFEngineClient, tiny_model_dir: Path) -> None:
     async def body(source: VerifiersRolloutSource) -> Episode:
         return await source.run_episode(
-            example_id=0, engine_key="0", sampling={"temperature": 1.0, "max_tokens": 500}
+            example_id=0, engine_key="0", sampling=SamplingParams(temperature=1.0, max_tokens=500)
         )
 
     seq_len = 80  # the reverse-text prompt is ~50 tokens
     ep = run_with_source(
         EnvConfig(id="reverse-text", args={"num_examples": 2}), [engine], tiny_model_dir, seq_len, body
     )
-    assert ep.truncated and len(ep.token_ids) <= seq_len
+    assert ep.truncated and ep.overlong and len(ep.token_ids) <= seq_len
     assert engine.requests[-1]["sampling_params"]["max_new_tokens"] == seq_len - len(
         engine.requests[-1]["input_ids"]
     )
@@ -197,7 +198,7 @@ def test_cancel_aborts_the_engine_request(engine: HFEngineClient, tiny_model_dir
         aborts_before = len(engine.abort_log)
         task = asyncio.create_task(
             source.run_episode(
-                example_id=0, engine_key="0", sampling={"temperature": 1.0, "max_tokens": 3000}
+                example_id=0, engine_key="0", sampling=SamplingParams(temperature=1.0, max_tokens=3000)
             )
         )
         deadline = asyncio.get_running_loop().time() + 120

@@ -13,7 +13,9 @@ import httpx
 import pytest
 from hf_engine import HFEngineClient
 
+from prime_async.inference.types import SamplingParams
 from prime_async.orchestrator.gateway import GENERATE_ROUTE, Gateway
+from prime_async.orchestrator.schedule import call_seed
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ async def _post(gw: Gateway, body: dict[str, Any]) -> httpx.Response:
 def test_generate_shape_and_records(engines: list[HFEngineClient]) -> None:
     async def main() -> None:
         async with Gateway(engines=engines[:1], seq_len=256) as gw:
-            session = gw.open_session(engine_key="any", sampling={"temperature": 0.7})
+            session = gw.open_session(engine_key="any", sampling=SamplingParams(temperature=0.7))
             prompt = [5, 6, 7, 8]
             r = await _post(gw, _body(session.key, prompt, max_tokens=6, stop_token_ids=[2]))
             assert r.status_code == 200, r.text
@@ -151,3 +153,25 @@ def test_session_keys_are_recycled_after_quarantine(engines: list[HFEngineClient
     assert first_reuse > KEY_QUARANTINE
     live = [gw.open_session(engine_key="0") for _ in range(10)]
     assert len({s.key for s in live}) == 10, "live sessions never share a key"
+
+
+def test_seeded_episode_sends_a_seed_per_call(engines: list[HFEngineClient]) -> None:
+    """Deterministic runs: the k-th call of a seeded session carries `sampling_seed = call_seed(seed, k)`
+    (the request's own seed is replaced); an unseeded session passes the request's seed through."""
+
+    async def main() -> None:
+        async with Gateway(engines=engines[:1], seq_len=256) as gw:
+            seeded = gw.open_session(engine_key="0", sampling=SamplingParams(max_tokens=3, seed=99))
+            plain = gw.open_session(engine_key="0", sampling=SamplingParams(max_tokens=3))
+            for turn in range(2):
+                r = await _post(gw, _body(seeded.key, [5, 6, turn], seed=1))
+                assert r.status_code == 200, r.text
+            r = await _post(gw, _body(plain.key, [5, 6], seed=1))
+            assert r.status_code == 200, r.text
+
+    before = len(engines[0].requests)
+    asyncio.run(main())
+    sent = [req["sampling_params"] for req in engines[0].requests[before:]]
+    assert [s.get("sampling_seed") for s in sent[:2]] == [call_seed(99, 0), call_seed(99, 1)]
+    assert "seed" not in sent[0] and "seed" not in sent[1]
+    assert sent[2].get("seed") == 1 and "sampling_seed" not in sent[2]

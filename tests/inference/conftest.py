@@ -1,8 +1,9 @@
 """Fixtures of the inference conformance suite: one engine per session, started as a real process.
 
-`target` is parametrized: `embedded` starts `python -m prime_async.inference.server` (the torch engine)
-on a free port; `sglang` (marker gpu) uses `PRIME_ASYNC_SGLANG_URL` + `PRIME_ASYNC_SGLANG_MODEL` when set,
-else launches SGLang on the tiny model with our launcher (extra flags from `PRIME_ASYNC_SGLANG_ARGS`).
+`target` is parametrized: `embedded` starts `python -m prime_async.entrypoints.inference @ inference.toml`
+(the torch engine) on a free port; `sglang` (marker gpu) uses `PRIME_ASYNC_SGLANG_URL` +
+`PRIME_ASYNC_SGLANG_MODEL` when set, else launches SGLang on the tiny model with our launcher (extra flags
+from `PRIME_ASYNC_SGLANG_ARGS`).
 Tests that change weights record the live weights in `target.current_weights`, so every test can
 compare against an independent HF forward pass of exactly what the engine serves.
 """
@@ -72,7 +73,7 @@ def _start_embedded(model_dir: Path, work: Path):
     log = work / "engine.log"
     with log.open("w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "prime_async.inference.server", str(cfg)],
+            [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)],
             stdout=fh,
             stderr=subprocess.STDOUT,
         )

@@ -176,3 +176,87 @@ def test_kv_cache_compaction_outside_inference_mode(tiny_model_dir) -> None:
         runner.ensure_capacity(32)
     runner.move_slot(0, 1, 8)  # outside inference mode
     torch.testing.assert_close(runner.k_cache[0][1, :, :8], runner.k_cache[0][0, :, :8])
+
+
+@pytest.fixture(scope="module")
+def packable_model_dir(tmp_path_factory) -> Path:
+    """The tiny model's architecture at hidden size 512: every weight is big enough to be packed."""
+    from prime_async.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("packable"), hidden_size=512, num_heads=8)
+
+
+@pytest.mark.parametrize(
+    ("model", "kernels"), [("packable", "packed"), ("packable", "dense"), ("tiny", "packed")]
+)
+def test_runner_logprobs_match_hf_forward_at_every_batch_size(request, model, kernels) -> None:
+    """Prefill, then decode steps over 4, 3, 2 and 1 running slots (packed projections serve > 2 rows,
+    the dense weights <= 2): every position's log-softmax equals an HF forward of the whole sequence.
+    The tiny model's weights are all below the packing threshold, so nothing of it is packed."""
+    from prime_async.inference.linear import packing_available
+    from prime_async.inference.model_runner import ModelRunner
+
+    torch.set_num_threads(1)
+    model_dir = request.getfixturevalue("packable_model_dir" if model == "packable" else "tiny_model_dir")
+    runner = ModelRunner(
+        model_path=str(model_dir), dtype="float32", device="cpu", num_slots=4, max_len=64, chunk=16,
+        kernels=kernels,
+    )  # fmt: skip
+    onednn = packing_available(torch.device("cpu"), torch.float32)
+    packs = model == "packable" and kernels == "packed" and onednn
+    projections = [runner.lm_head, *(lw[k] for lw in runner.layers for k in ("qkv", "o", "gate_up", "down"))]
+    assert [p.packed is not None for p in projections] == [packs] * len(projections)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, runner.vocab_size, (n,), generator=g).tolist() for n in (20, 17, 14, 11)]
+    prompt_lens = [7, 5, 9, 3]
+    with torch.inference_mode():
+        refs = [runner.model(torch.tensor([s])).logits[0].log_softmax(-1) for s in seqs]
+        worst = 0.0
+        got = runner.prefill([s[:n] for s, n in zip(seqs, prompt_lens, strict=True)], [0, 1, 2, 3])
+        for slot, n in enumerate(prompt_lens):
+            worst = max(worst, float((got[slot].log_softmax(-1) - refs[slot][n - 1]).abs().max()))
+        pos = list(prompt_lens)
+        for batch in (4, 4, 3, 3, 2, 2, 1, 1):  # slots 0..batch-1 keep decoding, as after compaction
+            ids = torch.tensor([seqs[b][pos[b]] for b in range(batch)])
+            positions = torch.tensor(pos[:batch])
+            got = runner.decode(ids, positions, int(positions.max()) + 1).log_softmax(-1)
+            for b in range(batch):
+                worst = max(worst, float((got[b] - refs[b][pos[b]]).abs().max()))
+                pos[b] += 1
+    assert worst < 1e-4
+
+
+def test_client_reports_unreachable_engine_as_engine_unavailable():
+    """No httpx exception type leaves the client: the orchestrator recognises outages by EngineUnavailable."""
+    import asyncio
+    import socket
+
+    from prime_async.inference.client import HttpEngineClient
+    from prime_async.inference.types import EngineUnavailable
+
+    with socket.socket() as s:  # a port nobody listens on once the socket is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def go():
+        async with HttpEngineClient(f"http://127.0.0.1:{port}") as client:
+            for call in (
+                lambda: client.generate([1, 2], {"max_new_tokens": 1}),
+                lambda: client.pause_generation("retract"),
+                lambda: client.update_weights_from_disk("/x", 1, flush_cache=True),
+                client.weight_version,
+            ):
+                with pytest.raises(EngineUnavailable, match=f"127.0.0.1:{port}"):
+                    await call()
+            assert await client.health() is False
+
+    asyncio.run(go())
+
+
+def test_sampling_params_convert_to_sglang_and_vllm_names():
+    from prime_async.inference.types import SamplingParams
+
+    p = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12)
+    assert p.to_sglang() == {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 12}
+    assert p.to_vllm() == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 12}
+    assert "max_new_tokens" not in SamplingParams().to_sglang()  # no limit: the gateway clamps to seq_len

@@ -84,10 +84,34 @@ def test_progress_line_waits_for_the_trainer_record(tmp_path: Path, caplog) -> N
     metrics = tmp_path / "metrics"
     metrics.mkdir()
     view = ProgressView(metrics_dir=metrics, max_steps=2)
-    (metrics / "orchestrator.jsonl").write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
+    orch = {"step": 0, "reward/mean": 0.5, "rollout/tokens_per_s": 61.0}
+    (metrics / "orchestrator.jsonl").write_text(json.dumps(orch) + "\n")
     with caplog.at_level(logging.INFO):
         view.poll()
         assert "step" not in caplog.text
-        (metrics / "trainer.jsonl").write_text(json.dumps({"step": 0, "loss/total": 0.25}) + "\n")
+        train = {"step": 0, "loss/total": 0.25, "perf/tokens_per_s": 900.0}
+        (metrics / "trainer.jsonl").write_text(json.dumps(train) + "\n")
         view.poll()
     assert "reward 0.500" in caplog.text and "loss 0.250" in caplog.text
+    assert "rollout 61 tok/s" in caplog.text and "train 900 tok/s" in caplog.text
+
+
+def test_ensure_model_builds_what_the_config_names_not_what_the_directory_is_called(tmp_path: Path) -> None:
+    import pytest
+
+    from prime_async.config.loader import load_config
+    from prime_async.config.rl import RLConfig
+    from prime_async.launcher.rl import ensure_model
+
+    named_tiny = tmp_path / "tiny"  # a name that used to trigger a build on its own
+    cfg = load_config(RLConfig, ["--model.path", str(named_tiny), "--output-dir", str(tmp_path / "out")])
+    with pytest.raises(ValueError, match=r"model\.build"):
+        ensure_model(cfg)
+    assert not named_tiny.exists()
+    target = tmp_path / "my-model"
+    cfg = load_config(
+        RLConfig,
+        ["--model.path", str(target), "--model.build", "tiny", "--output-dir", str(tmp_path / "out")],
+    )
+    ensure_model(cfg)
+    assert (target / "config.json").exists()

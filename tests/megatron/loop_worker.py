@@ -1,4 +1,5 @@
-"""Runs the megatron trainer loop (`run_megatron`) under the CPU shim, for `test_megatron_loop.py`.
+"""Runs the trainer loop (`trainer/train.py::run`, megatron backend) under the CPU shim, for
+`test_megatron_loop.py`.
 
 Usage: `python -m torch.distributed.run --standalone --nproc-per-node N loop_worker.py <trainer config json>`.
 """
@@ -16,7 +17,7 @@ from cpu_shim import apply_cpu_shim
 apply_cpu_shim()
 
 from prime_async.config.trainer import TrainerConfig  # noqa: E402
-from prime_async.trainer.megatron.loop import run_megatron  # noqa: E402
+from prime_async.trainer.train import run  # noqa: E402
 
 if __name__ == "__main__":
-    run_megatron(TrainerConfig.model_validate(json.loads(Path(sys.argv[1]).read_text())))
+    run(TrainerConfig.model_validate(json.loads(Path(sys.argv[1]).read_text())))

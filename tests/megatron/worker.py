@@ -2,7 +2,8 @@
 (gloo), or with `--device cuda` on GPUs (NCCL, no shim; `tests/megatron/test_megatron_gpu.py`).
 
 Writes (rank 0) into --out: `logits.pt` (packed logits of every test row, per model dir), `initial.pt` and
-`after.pt` (the exported HF state dicts before and after one train step) and `metrics.json`.
+`after.pt` (the exported HF state dicts before and after one train step, of `--steps-per-batch` optimizer
+steps) and `metrics.json`.
 All comparisons against HF / the FSDP backend are made by the pytest side, outside this process.
 """
 
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--distributed-optimizer", type=int, default=1)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--steps-per-batch", type=int, default=1)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -68,7 +70,7 @@ def main() -> None:
     backend = MegatronBackend(
         megatron=cfg,
         model_path=args.model_dir,
-        optim=OptimConfig(lr=LR),
+        optim=OptimConfig(lr=LR, num_steps_per_batch=args.steps_per_batch),
         loss_fn=build_loss_fn(MaskLossConfig()),
         dtype=torch.float32,
         device=device,
@@ -95,7 +97,7 @@ def main() -> None:
         temperature=TEMPERATURE,
         min_dispatch_version=0,
     )
-    metrics = backend.train_rank_batch(share, step=0)
+    metrics = backend.train_rank_batch(share)
     after = backend.hf_state_dict()
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)

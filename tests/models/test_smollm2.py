@@ -85,3 +85,35 @@ def test_second_run_is_a_no_op(smollm2_dir: Path) -> None:
     assert "already prepared" in result.stderr
     assert {p.name: p.stat().st_mtime_ns for p in smollm2_dir.iterdir()} == before
     assert ensure_smollm2(smollm2_dir) == smollm2_dir.resolve()
+
+
+@pytest.mark.slow
+def test_engine_logprobs_match_hf_forward_on_the_demo_model(smollm2_dir: Path) -> None:
+    """The embedded engine's forward (packed oneDNN projections, 4 then 1 running slots) on the real
+    30-layer model: logprobs of the text's own next tokens equal an HF forward within 1e-4."""
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    from transformers import AutoTokenizer
+
+    from prime_async.inference.model_runner import ModelRunner
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    texts = ["The capital of France is Paris, and it is", "Reverse the text: word but what",
+             "One, two, three, four, five, six", "Water boils at one hundred degrees"]  # fmt: skip
+    seqs = [tokenizer(t)["input_ids"] for t in texts]
+    runner = ModelRunner(
+        model_path=str(smollm2_dir), dtype="float32", device="cpu", num_slots=4, max_len=64, chunk=64
+    )
+    prompt = 3
+    worst = 0.0
+    with torch.inference_mode():
+        refs = [runner.model(torch.tensor([s])).logits[0].float().log_softmax(-1) for s in seqs]
+        runner.prefill([seq[:prompt] for seq in seqs], [0, 1, 2, 3])
+        for t in range(prompt, min(len(s) for s in seqs) - 1):
+            batch = 4 if t < prompt + 3 else 1
+            ids = torch.tensor([seqs[b][t] for b in range(batch)])
+            logp = runner.decode(ids, torch.full((batch,), t), t + 1).log_softmax(-1)
+            for b in range(batch):
+                nxt = seqs[b][t + 1]
+                worst = max(worst, abs(float(logp[b, nxt]) - float(refs[b][t, nxt])))
+    assert worst < 1e-4

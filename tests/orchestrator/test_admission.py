@@ -1,8 +1,11 @@
-"""AdmissionController: both caps, the K rule, granularity, hold, wait accounting."""
+"""AdmissionController over a real GroupTable: both caps, the K rule, granularity, hold, wait accounting."""
 
 from __future__ import annotations
 
 from prime_async.orchestrator.admission import AdmissionController
+from prime_async.orchestrator.data_source import DataSource
+from prime_async.orchestrator.groups import GroupTable
+from prime_async.orchestrator.types import Episode, Group
 
 
 class FakeClock:
@@ -13,65 +16,77 @@ class FakeClock:
         return self.now
 
 
-def make(buffered: list[int], clock=None, **kw) -> AdmissionController:
-    args = dict(
-        max_inflight_groups=2,
-        max_buffered_groups=3,
-        max_off_policy_steps=1,
-        group_size=2,
-        granularity="group",
-        buffered_groups=lambda: buffered[0],
-    )
+def make(clock=None, k: int = 1, **kw) -> AdmissionController:
+    data = DataSource(num_examples=100, seed=0, shuffle=False)
+    groups = GroupTable(group_size=2, max_off_policy_steps=k, data=data, retry_unused=False,
+                        max_dropped_groups_per_step=100)  # fmt: skip
+    args = dict(max_inflight_groups=2, max_buffered_groups=3, granularity="group")
     args.update(kw)
-    return AdmissionController(**args, clock=clock or FakeClock())
+    return AdmissionController(groups=groups, **args, clock=clock or FakeClock())
+
+
+def dispatch(adm: AdmissionController) -> Group:
+    group = Group(group_id=adm.groups.dispatched, example_id=0, dispatch_version=adm.served_version)
+    adm.groups.dispatch(group)
+    return group
+
+
+def episodes_return(adm: AdmissionController, group: Group) -> None:
+    for _ in range(2):
+        adm.groups.episode_done(group)
+    group.episodes = [Episode(example_id=0), Episode(example_id=0)]
+
+
+def buffer(adm: AdmissionController, group: Group) -> None:
+    episodes_return(adm, group)
+    adm.groups.finish(group)
+    adm.groups.accept(group)
 
 
 def test_inflight_cap_group_granularity():
-    buffered = [0]
-    adm = make(buffered)
+    adm = make()
     assert adm.poll() is None
-    adm.on_group_dispatched()
-    adm.on_group_dispatched()
+    first = dispatch(adm)
+    dispatch(adm)
     assert adm.poll() == "inflight_limit"
-    adm.on_episodes_finished(2)  # a whole group's episodes finished, but the group has not returned
+    episodes_return(adm, first)  # a whole group's episodes finished, but the group has not returned
+    adm.groups.finish(first)
     assert adm.poll() == "inflight_limit"
-    adm.on_group_returned()
+    adm.groups.drop(first, "errored")  # the sink ended it
     assert adm.poll() is None
 
 
 def test_inflight_cap_sample_granularity_frees_per_episode():
-    adm = make([0], granularity="sample")
-    adm.on_group_dispatched()
-    adm.on_group_dispatched()
+    adm = make(granularity="sample")
+    a, b = dispatch(adm), dispatch(adm)
     assert adm.poll() == "inflight_limit"
-    adm.on_episodes_finished(1)  # one episode of group A and one of group B: group_size samples free
-    adm.on_episodes_finished(1)
+    adm.groups.episode_done(a)  # one episode of group A and one of group B: group_size samples free
+    adm.groups.episode_done(b)
     assert adm.poll() is None
 
 
 def test_buffer_cap_counts_inflight_plus_buffered():
-    buffered = [0]
-    adm = make(buffered, max_inflight_groups=10)
-    adm.on_group_dispatched()
-    buffered[0] = 2
-    assert adm.poll() == "buffer_full"
-    buffered[0] = 1
+    adm = make(max_inflight_groups=10)
+    groups = [dispatch(adm) for _ in range(3)]
+    buffer(adm, groups[0])
+    buffer(adm, groups[1])
+    assert adm.poll() == "buffer_full"  # 1 in flight + 2 buffered + 1 > 3
+    adm.groups.take([groups[0]], step=0)
     assert adm.poll() is None
 
 
-def test_k_rule_and_can_ship():
-    adm = make([0], max_off_policy_steps=1)
-    adm.on_batch_cut(0)  # next batch is 1, served 0: 1 - 0 <= 1
+def test_k_rule_reads_the_next_batch_step_of_the_group_table():
+    adm = make(k=1)
+    adm.groups.take([], step=0)  # next batch is 1, served 0: 1 - 0 <= 1
     assert adm.poll() is None
-    adm.on_batch_cut(1)  # next batch is 2: a group stamped 0 could never ship
+    adm.groups.take([], step=1)  # next batch is 2: a group stamped 0 could never ship
     assert adm.poll() == "off_policy"
-    assert not adm.can_ship(0) and adm.can_ship(1)
     adm.set_served_version(1)
     assert adm.poll() is None
 
 
 def test_hold_blocks_until_released():
-    adm = make([0])
+    adm = make()
     adm.hold()
     assert adm.poll() == "hold"
     adm.release()
@@ -80,12 +95,13 @@ def test_hold_blocks_until_released():
 
 def test_wait_fractions_of_the_step_window():
     clock = FakeClock()
-    buffered = [0]
-    adm = make(buffered, clock=clock, max_inflight_groups=1, max_buffered_groups=5)
-    adm.on_group_dispatched()
+    adm = make(clock=clock, max_inflight_groups=1, max_buffered_groups=2)
+    group = dispatch(adm)
     assert adm.poll() == "inflight_limit"  # blocked from t=0
     clock.now = 3.0
-    buffered[0] = 5
+    buffer(adm, group)
+    assert adm.poll() is None
+    dispatch(adm)
     assert adm.poll() == "buffer_full"  # 3 s in-flight limit, then buffer full from t=3
     clock.now = 4.0
     m = adm.window_metrics()
@@ -98,10 +114,11 @@ def test_wait_fractions_of_the_step_window():
 
 
 def test_changed_event_is_set_on_every_capacity_change():
-    adm = make([0])
+    adm = make()
+    group = dispatch(adm)
     for change in (
-        lambda: adm.on_episodes_finished(0),
-        lambda: adm.on_batch_cut(3),
+        lambda: adm.groups.episode_done(group),
+        lambda: adm.groups.take([], step=3),
         lambda: adm.set_served_version(2),
         adm.notify,
     ):

@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 
 from prime_async.config.orchestrator import AdvantageConfig
-from prime_async.orchestrator.batching import build_train_batch, group_advantages
+from prime_async.orchestrator.batching import build_train_batch, group_advantages, seat_advantages
 from prime_async.orchestrator.types import Episode, Group
 
 
@@ -82,3 +82,16 @@ def test_short_rank_gets_padding_rows():
     )
     pad = [mb for rank in batch.micro_batches for mb in rank if not mb.loss_mask.any()]
     assert len(pad) == 1 and pad[0].num_tokens == 1
+
+
+def test_seats_are_their_own_baselines():
+    """Two-seat groups: each seat's advantage is relative to the same seat's rewards only."""
+    eps = [episode(1, 2, r) for r in (1.0, 10.0, 0.0, 20.0)]
+    for ep, seat in zip(eps, ("white", "black", "white", "black"), strict=True):
+        ep.seat = seat
+    g = Group(group_id=0, example_id=0, dispatch_version=0, episodes=eps)
+    assert seat_advantages(g, AdvantageConfig()) == [0.5, -5.0, -0.5, 5.0]
+    single = Group(
+        group_id=1, example_id=1, dispatch_version=0, episodes=[episode(1, 2, r) for r in (1.0, 3.0)]
+    )
+    assert seat_advantages(single, AdvantageConfig()) == group_advantages(single.rewards, AdvantageConfig())

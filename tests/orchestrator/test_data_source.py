@@ -1,11 +1,10 @@
-"""DataSource and Ledger units: epochs, retries, resume of issued-not-trained prompts; ledger balance."""
+"""DataSource units: epochs, retries, resume of issued-not-trained prompts, streamed tasksets."""
 
 from __future__ import annotations
 
 import pytest
 
-from prime_async.orchestrator.data_source import DataSource
-from prime_async.orchestrator.ledger import Ledger
+from prime_async.orchestrator.data_source import DataSource, LazyTasks
 
 
 def test_each_epoch_issues_every_example_once():
@@ -41,16 +40,37 @@ def test_state_from_other_dataset_is_rejected():
         DataSource(num_examples=4).load_state_dict(state)
 
 
-def test_ledger_balances_and_checks_against_observed_counts():
-    led = Ledger()
-    led.dispatch(8)
-    led.move(4, "inflight", "buffered")
-    led.move(2, "inflight", "cancelled")
-    led.check(inflight=2, buffered=4)
-    with pytest.raises(RuntimeError, match="disagrees"):
-        led.check(inflight=3, buffered=4)
-    with pytest.raises(AssertionError):
-        led.move(5, "buffered", "trained")
-    led.counts["trained"] += 1  # a bug somewhere: an episode counted twice
-    with pytest.raises(RuntimeError, match="unbalanced"):
-        led.check(inflight=2, buffered=4)
+def test_streamed_source_draws_in_order_and_resumes_at_the_drawn_count():
+    data = DataSource(num_examples=None, seed=3)
+    assert [data.next_example() for _ in range(5)] == [(i, 0) for i in range(5)]
+    state = data.state_dict(pending=[(3, 0), (4, 0)])  # issued, not trained
+    assert state["position"] == 5 and state["num_examples"] is None
+    resumed = DataSource(num_examples=None, seed=3)
+    resumed.load_state_dict(state)
+    assert [resumed.next_example() for _ in range(4)] == [(3, 0), (4, 0), (5, 0), (6, 0)]
+    with pytest.raises(ValueError, match="None = streamed"):
+        DataSource(num_examples=10).load_state_dict(state)
+
+
+def test_lazy_tasks_draw_only_what_is_asked_and_rewind_for_old_ids():
+    made: list[int] = []
+
+    def tasks():
+        def gen():
+            i = 0
+            while True:  # an infinite taskset
+                made.append(i)
+                yield f"task-{i}"
+                i += 1
+
+        return gen()
+
+    lazy = LazyTasks(tasks, cache_size=3)
+    assert lazy[0] == "task-0" and lazy[2] == "task-2"
+    assert made == [0, 1, 2], "nothing is drawn past the asked id"
+    assert lazy[1] == "task-1" and lazy.num_rewinds == 0  # still cached
+    assert lazy[6] == "task-6" and lazy[1] == "task-1"  # evicted: re-read from the start
+    assert lazy.num_rewinds == 1
+    finite = LazyTasks(lambda: iter(["a"]))
+    with pytest.raises(IndexError, match="ended after 1 tasks"):
+        finite[1]

@@ -7,57 +7,71 @@ import asyncio
 import pytest
 
 from prime_async.config.orchestrator import SinkConfig
+from prime_async.inference.types import SamplingParams
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.dispatcher import Dispatcher
-from prime_async.orchestrator.ledger import Ledger
-from prime_async.orchestrator.simulation import run_virtual
+from prime_async.orchestrator.env_mix import EnvMix
+from prime_async.orchestrator.episode_errors import EpisodesFailing
+from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.train_sink import TrainSink
 from prime_async.orchestrator.types import Episode
+from prime_async.testing.simulation import run_virtual
 
 
 class ScriptedSource:
     """Episode `g<gid>-e<i>` takes `latency[(gid, i)]` simulated seconds (default 1 s)."""
 
     def __init__(
-        self, latency: dict[tuple[int, int], float] | None = None, fail_group: int | None = None, status="ok"
-    ):
+        self, latency: dict[tuple[int, int], float] | None = None, fail_group: int | None = None, status="ok",
+        error: str | None = None, seats: tuple[str, ...] = (),
+    ):  # fmt: skip
         self.latency = latency or {}
         self.fail_group = fail_group
         self.status = status
+        self.error = error
+        self.seats = seats  # non-empty: every episode returns one trajectory per seat
 
     @property
     def num_examples(self) -> int:
         return 10
 
-    async def run_episode(self, *, example_id: int, engine_key: str, sampling: dict) -> Episode:
+    async def run_episode(
+        self, *, example_id: int, engine_key: str, sampling: SamplingParams
+    ) -> Episode | list[Episode]:
         gid, idx = (int(x[1:]) for x in engine_key.split("-"))
         await asyncio.sleep(self.latency.get((gid, idx), 1.0))
         if gid == self.fail_group:
             raise KeyError("bug in the rollout source")
-        return Episode(example_id=example_id, token_ids=[1, 2], loss_mask=[False, True],
-                       sampler_logprobs=[0.0, -1.0], token_versions=[-1, 0], reward=float(idx),
-                       status=self.status)  # fmt: skip
+        eps = [Episode(example_id=example_id, token_ids=[1, 2], loss_mask=[False, True],
+                       sampler_logprobs=[0.0, -1.0], token_versions=[-1, 0], reward=float(idx) + j,
+                       status=self.status, error=self.error, seat=seat)
+               for j, seat in enumerate(self.seats or ("agent",))]  # fmt: skip
+        return eps if self.seats else eps[0]
 
 
-def build(source, *, granularity="group", max_inflight=2, k=8, group_size=2, retry=True, max_dropped=100):
+def build(
+    source,
+    *,
+    granularity="group",
+    max_inflight=2,
+    k=8,
+    group_size=2,
+    retry=True,
+    max_dropped=100,
+    fail_fast=2,
+):
     loop = asyncio.get_running_loop()
-    ledger, data = Ledger(), DataSource(num_examples=10, seed=0, shuffle=False)
-    box: list[TrainSink] = []
-    admission = AdmissionController(
-        max_inflight_groups=max_inflight, max_buffered_groups=100, max_off_policy_steps=k,
-        group_size=group_size, granularity=granularity, buffered_groups=lambda: box[0].num_buffered_groups,
-        clock=loop.time,
-    )  # fmt: skip
-    disp = Dispatcher(source=source, data=data, admission=admission, ledger=ledger, group_size=group_size,
-                      sampling={}, retry_unused=retry, clock=loop.time)  # fmt: skip
-    unused = "retry" if retry else "drop"
-    sink = TrainSink(cfg=SinkConfig(), batch_groups=1, max_off_policy_steps=k, seq_len=64,
-                     unused_handler=unused, max_dropped_groups_per_step=max_dropped,
-                     listener=disp)  # fmt: skip
-    box.append(sink)
-    disp.attach_sink(sink)
-    return disp, admission, ledger, sink, data
+    data = DataSource(num_examples=10, seed=0, shuffle=False)
+    groups = GroupTable(group_size=group_size, max_off_policy_steps=k, data=data, retry_unused=retry,
+                        max_dropped_groups_per_step=max_dropped)  # fmt: skip
+    admission = AdmissionController(groups=groups, max_inflight_groups=max_inflight, max_buffered_groups=100,
+                                    granularity=granularity, clock=loop.time)  # fmt: skip
+    sink = TrainSink(cfg=SinkConfig(), batch_groups=1, max_off_policy_steps=k, seq_len=64, groups=groups)
+    envs = EnvMix.single(source=source, data=data, sampling=SamplingParams())
+    disp = Dispatcher(envs=envs, admission=admission, groups=groups, sink=sink, clock=loop.time,
+                      fail_fast_groups=fail_fast)  # fmt: skip
+    return disp, admission, groups, sink, data
 
 
 def dispatch_times(granularity: str) -> dict[int, float]:
@@ -93,21 +107,22 @@ def test_sample_granularity_frees_slots_per_episode_group_waits_for_whole_group(
 
 def test_cancel_accounting_is_exact_and_immediate():
     async def go():
-        disp, admission, ledger, sink, data = build(ScriptedSource({(2, 0): 50.0, (2, 1): 50.0}), k=1,
+        disp, admission, groups, _sink, data = build(ScriptedSource({(2, 0): 50.0, (2, 1): 50.0}), k=1,
                                                     max_inflight=3)  # fmt: skip
         task = asyncio.create_task(disp.run())
         await asyncio.sleep(0.5)
         admission.set_served_version(1)  # groups 0,1,2 were stamped 0; the next ones 1
         await asyncio.sleep(2.0)  # groups 0 and 1 finished (in the sink), group 2 still running
-        assert disp.num_inflight_groups >= 1 and 2 in disp._inflight
-        admission.on_batch_cut(1)  # next batch 2: stamped-0 groups can never ship
-        cancelled = disp.cancel_unshippable()
-        assert cancelled == [2]  # the only stamped-0 group still in flight
-        assert all(s.group.dispatch_version == 1 for s in disp._inflight.values())
-        assert ledger.counts["cancelled"] == 2 * len(cancelled)
-        ledger.check(inflight=disp.num_inflight_episodes, buffered=sink.num_buffered_episodes)
-        assert admission.groups_not_returned == disp.num_inflight_groups
-        assert data.num_retry_pending == len(cancelled)  # unused_handler = retry
+        assert groups.is_inflight(2)
+        task_2 = next(t for t in groups.tasks() if t.get_name() == "group-2")
+        batch = groups.buffered()[:1]
+        groups.take(batch, step=1)  # next batch 2: stamped-0 groups can never ship; the cut cancels them
+        assert not groups.is_inflight(2) and groups.counts()["cancelled"] == 2
+        assert all(g.dispatch_version == 1 for g in groups.inflight())
+        groups.check()
+        assert data.num_retry_pending == 1  # unused_handler = retry
+        await asyncio.sleep(0.1)
+        assert task_2.done() and not any(t.done() for t in groups.tasks())  # only group 2 stopped
         task.cancel()
         await disp.stop()
 
@@ -126,9 +141,70 @@ def test_rollout_source_bug_fails_run():
 
 def test_too_many_dropped_groups_fail_run():
     async def go():
-        disp, *_ = build(ScriptedSource(status="error"), max_dropped=3)
-        with pytest.raises(RuntimeError, match="max_dropped_groups_per_step = 3"):
+        disp, *_ = build(
+            ScriptedSource(status="error", error="reward: boom\nline 2"), max_dropped=3, fail_fast=0
+        )
+        with pytest.raises(RuntimeError, match="max_dropped_groups_per_step = 3") as info:
             await asyncio.wait_for(disp.run(), timeout=100)
+        await disp.stop()
+        # regression (issue 11): the limit's error used to name only "last reason: errored"
+        assert "most frequent episode error (8 of 8 failed episodes): [error] reward: boom | line 2" in str(
+            info.value
+        )
+
+    run_virtual(go())
+
+
+def test_every_early_episode_failing_stops_the_run_at_once(caplog: pytest.LogCaptureFixture):
+    async def go():
+        source = ScriptedSource(status="error", error="rollout: ValueError: Harness 'x' does not support MCP")
+        disp, *_ = build(source, max_dropped=100)
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(EpisodesFailing, match="every episode of the first 2 groups failed") as info:
+            await asyncio.wait_for(disp.run(), timeout=100)
+        await disp.stop()
+        assert "Harness 'x' does not support MCP" in str(info.value)
+        assert asyncio.get_running_loop().time() - t0 < 1.5  # the first two groups, not 100 drops
+        return disp
+
+    disp = run_virtual(go())
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "episode error" in r.message]
+    assert len(warnings) == 1, "one distinct error is logged once"
+    assert disp.errors.counts_by_kind() == {"error": 4}
+
+
+def test_some_early_successes_keep_the_run_going():
+    class HalfFailing(ScriptedSource):
+        async def run_episode(self, **kw):
+            ep = await super().run_episode(**kw)
+            if kw["engine_key"].endswith("e1"):
+                ep.status, ep.error = "error", "reward: flaky"
+            return ep
+
+    async def go():
+        disp, *_ = build(HalfFailing(), max_dropped=100)
+        task = asyncio.create_task(disp.run())
+        await asyncio.sleep(5.0)
+        assert not task.done(), "a group with one ok episode is not an environment that cannot run"
+        task.cancel()
+        await disp.stop()
+
+    run_virtual(go())
+
+
+def test_multi_seat_trajectories_are_counted_by_the_group_table():
+    async def go():
+        disp, _admission, groups, _sink, _data = build(ScriptedSource(seats=("white", "black")))
+        task = asyncio.create_task(disp.run())
+        await asyncio.sleep(1.5)  # two groups of 2 episodes x 2 seats finished
+        assert groups.num_buffered_groups == 2
+        group = groups.buffered()[0]
+        assert [e.seat for e in group.episodes] == ["white", "black", "white", "black"]
+        assert group.seats() == {"white": [0, 2], "black": [1, 3]}
+        groups.check()
+        counts = groups.counts()
+        assert counts["buffered"] == 8 and groups.dispatched == 8 + counts["inflight"]
+        task.cancel()
         await disp.stop()
 
     run_virtual(go())

@@ -54,7 +54,8 @@ def test_rl_run_with_in_flight_updates(pause_mode: str, tiny_model_dir: Path, tm
         assert m["rollout/data_staleness/max"] <= k
         assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in BUCKETS)
         assert m["rollout/trained_groups"] == 2
-    assert sum(m["weights/updates"] for m in orch) >= 2
+    # drain loads the trainer's newest version once nothing is in flight: it may skip versions
+    assert sum(m["weights/updates"] for m in orch) >= (1 if pause_mode == "drain" else 2)
     assert sum(m["weights/inflight_groups_at_update"] for m in orch) > 0, "no update happened in flight"
     trainer = read_jsonl(out / "metrics" / "trainer.jsonl")
     assert [m["step"] for m in trainer] == list(range(steps))

@@ -3,7 +3,8 @@
 `run_simulation` wires the real components (`build_components` + `run_loop`); only engines, rollout
 source, trainer and clock are simulated. It instruments admission (both caps and the K rule are
 asserted at every dispatch) and `cancel_unshippable` (the cancelled set must equal the set of in-flight
-groups with `next_batch_step - d > K`), and `run_loop` checks the ledger against the components every step.
+groups with `next_batch_step - d > K`), and `run_loop` checks the group table (every trajectory in exactly
+one state) every step.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.orchestrator.simulation import InMemoryBroadcasts, SimParams, run_simulation, run_virtual
+from prime_async.testing.simulation import InMemoryBroadcasts, SimParams, run_simulation, run_virtual
 
 
 def config(**kw) -> OrchestratorConfig:
@@ -88,8 +89,8 @@ def test_thousands_of_groups_heavy_tail(k: int):
         run_simulation(cfg, SimParams(seed=k, latency_s=0.5, pareto_alpha=1.1, train_time_s=0.3))
     )
     assert check_run(result, cfg) == 1200
-    counts = result.comps.ledger.counts
-    assert result.comps.ledger.dispatched >= 2400 and counts["dropped_stale"] + counts["trained"] > 0
+    counts = result.comps.groups.counts()
+    assert result.comps.groups.dispatched >= 2400 and counts["dropped_stale"] + counts["trained"] > 0
     if k > 0:
         assert max(m["rollout/data_staleness/max"] for m in result.metrics.values()) >= 1  # really async
 
@@ -101,8 +102,8 @@ def test_k0_is_synchronous_on_policy():
     for step, groups in result.trained.items():
         assert {g.dispatch_version for g in groups} == {step}
         assert all(ep.span.end == step for g in groups for ep in g.episodes)  # no version changed mid-episode
-    led = result.comps.ledger
-    assert led.counts["trained"] == led.dispatched == 12 * 4 * 4  # nothing generated in vain
+    groups = result.comps.groups
+    assert groups.counts()["trained"] == groups.dispatched == 12 * 4 * 4  # nothing generated in vain
     # the next batch is dispatched only after the weights of the previous step are loaded
     for step in range(1, 12):
         first = min(g.dispatched_at for g in result.trained[step])
@@ -116,7 +117,7 @@ def test_in_flight_cancel_fires_for_unshippable_groups():
     result = run_virtual(run_simulation(cfg, params))
     check_run(result, cfg)
     assert result.cancel_checks >= 30  # every cut and every update checked exactness
-    assert result.comps.ledger.counts["cancelled"] > 0  # heavy tail: some groups did become unshippable
+    assert result.comps.groups.counts()["cancelled"] > 0  # heavy tail: some groups did become unshippable
 
 
 def test_pause_modes_drive_engines():
@@ -131,7 +132,8 @@ def test_pause_modes_drive_engines():
         for engine in result.engines:
             kinds = [c[0] for c in engine.calls]
             versions = [c[1][1] for c in engine.calls if c[0] == "update"]
-            assert len(versions) >= 3 and versions == sorted(set(versions))  # shutdown may beat the last ones
+            # shutdown may beat the last ones; drain loads the newest version once idle, skipping some
+            assert len(versions) >= (2 if mode == "drain" else 3) and versions == sorted(set(versions))
             if first_call is None:
                 assert "pause" not in kinds
             else:
@@ -155,8 +157,9 @@ def test_resume_loses_and_duplicates_nothing(tmp_path: Path):
     trained += [(g.example_id, g.epoch) for s in range(6, 20) for g in second.trained[s]]
     assert len(trained) == len(set(trained)) == 80  # nothing trained twice
     comps = second.comps
-    leftover = comps.dispatcher.pending_examples() + comps.sink.pending_examples()
-    leftover += list(comps.data.state_dict()["retry"])
+    leftover = comps.groups.pending_examples()
+    (env,) = comps.envs.envs.values()
+    leftover += list(env.data.state_dict()["retry"])
     seen = {p for p in trained} | {tuple(p) for p in leftover}
     assert {(e, 0) for e in range(40)} <= seen  # every epoch-0 prompt trained or still pending: none lost
     assert sum(1 for _, ep in trained if ep == 0) >= 36
@@ -202,7 +205,7 @@ def test_background_failure_ends_the_main_loop():
         async def broken(*args, **kwargs):
             raise RuntimeError("engine 500 on update_weights_from_disk")
 
-        import prime_async.orchestrator.simulation as sim
+        import prime_async.testing.simulation as sim
 
         original = sim.SimulatedEngine.update_weights_from_disk
         sim.SimulatedEngine.update_weights_from_disk = broken

@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 
 from prime_async.orchestrator.admission import AdmissionController
-from prime_async.orchestrator.simulation import SimParams, SimulatedEngine, run_virtual
+from prime_async.orchestrator.data_source import DataSource
+from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.weight_watcher import BroadcastDir, WeightWatcher
+from prime_async.testing.simulation import SimParams, SimulatedEngine, run_virtual
 
 
-class FakeDispatcher:
-    """Hand-written fake: records cancels; `wait_idle` returns once the test marks it idle."""
+class FakeGroups:
+    """Hand-written fake of the group table's drain side: records cancels; `wait_idle` returns once the
+    test marks it idle."""
 
     def __init__(self, log: list) -> None:
         self.log = log
@@ -45,13 +48,13 @@ class Broadcasts:
 def make(mode: str, *, interval: int = 1, num_engines: int = 2, broadcasts=None):
     log: list = []
     engines = [SimulatedEngine(index=i, params=SimParams(), rng=random.Random(i)) for i in range(num_engines)]
-    admission = AdmissionController(
-        max_inflight_groups=4, max_buffered_groups=4, max_off_policy_steps=8, group_size=1,
-        granularity="group", buffered_groups=lambda: 0,
-    )  # fmt: skip
-    dispatcher = FakeDispatcher(log)
+    table = GroupTable(group_size=1, max_off_policy_steps=8, data=DataSource(num_examples=1),
+                       retry_unused=False, max_dropped_groups_per_step=1)  # fmt: skip
+    admission = AdmissionController(groups=table, max_inflight_groups=4, max_buffered_groups=4,
+                                    granularity="group")  # fmt: skip
+    dispatcher = FakeGroups(log)
     watcher = WeightWatcher(
-        engines=engines, broadcasts=broadcasts or Broadcasts(), admission=admission, dispatcher=dispatcher,
+        engines=engines, broadcasts=broadcasts or Broadcasts(), admission=admission, groups=dispatcher,
         pause_mode=mode, update_weights_interval=interval, poll_interval_s=0.5,
     )  # fmt: skip
     return watcher, engines, admission, dispatcher, log
@@ -73,11 +76,17 @@ def test_broadcast_dir_uses_only_stable(tmp_path: Path):
 def test_retract_order_on_every_engine():
     async def go():
         watcher, engines, admission, _, log = make("retract")
+        pause = engines[0].pause_generation
+
+        async def logged_pause(mode):  # puts the first pause into the dispatcher's log: cancel comes first
+            log.append(("pause",))
+            await pause(mode)
+
+        engines[0].pause_generation = logged_pause
         await watcher.update(3)
         for e in engines:
             assert e.calls == [("pause", "retract"), ("update", ("/b/step_3", 3, True)), ("continue", None)]
-        assert log == [("cancel",)] and admission.served_version == 3
-        assert [w for w, _ in watcher.events] == ["cancel", "paused", "updated", "resumed"]
+        assert log == [("cancel",), ("pause",)] and admission.served_version == 3
 
     run_virtual(go())
 
@@ -114,8 +123,7 @@ def test_in_place_updates_without_flush_then_flushes_when_idle():
         await task
         for e in engines:
             assert e.calls[-1] == ("flush", 0)
-        assert admission.poll() is None
-        assert [w for w, _ in watcher.events][-1] == "flushed"
+        assert admission.poll() is None and _log[-1] == ("idle",)
 
     run_virtual(go())
 
@@ -123,7 +131,7 @@ def test_in_place_updates_without_flush_then_flushes_when_idle():
 def test_sim_engine_refuses_flush_with_in_place_paused_requests():
     async def go():
         engine = SimulatedEngine(index=0, params=SimParams(latency_s=10), rng=random.Random(0))
-        gen = asyncio.create_task(engine.generate([1, 2], {"max_tokens": 4}))
+        gen = asyncio.create_task(engine.generate([1, 2], {"max_new_tokens": 4}))
         await asyncio.sleep(0.1)
         await engine.pause_generation("in_place")
         with pytest.raises(RuntimeError, match="flush_cache"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -82,7 +83,15 @@ def _killer(run: SoakRun, stop: threading.Event) -> None:
         stop.wait(5.0)  # let the restart begin before the next kill is looked for
 
 
-def run_rl(run: SoakRun, *, model_dir: Path, timeout_s: float, extra: list[str] = ()) -> SoakRun:
+def run_rl(
+    run: SoakRun,
+    *,
+    model_dir: Path,
+    timeout_s: float,
+    extra: list[str] = (),
+    trainer_ckpt_interval: int = 2,
+    orchestrator_ckpt_interval: int | None = 1,
+) -> SoakRun:
     """Run `rl` on the tiny config with restarts enabled and `run.kills` applied; fills returncode/stderr."""
     cmd = [
         sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
@@ -92,9 +101,10 @@ def run_rl(run: SoakRun, *, model_dir: Path, timeout_s: float, extra: list[str] 
         "--orchestrator.max-off-policy-steps", str(run.k),
         "--orchestrator.max-buffered-groups", str(run.max_buffered_groups),
         "--restart.max-restarts", "1", "--restart.backoff-s", "0.5", "--orchestrator.unused-handler", "retry",
-        "--trainer.ckpt.interval", "2", "--orchestrator.ckpt.interval", "1", "--transport.resend-window", "4",
-        *extra,
+        "--trainer.ckpt.interval", str(trainer_ckpt_interval), *extra,
     ]  # fmt: skip
+    if orchestrator_ckpt_interval is not None:
+        cmd += ["--orchestrator.ckpt.interval", str(orchestrator_ckpt_interval)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     stop = threading.Event()
     killer = threading.Thread(target=_killer, args=(run, stop), daemon=True)
@@ -106,6 +116,18 @@ def run_rl(run: SoakRun, *, model_dir: Path, timeout_s: float, extra: list[str] 
         killer.join(10)
     run.returncode, run.stderr = proc.returncode, proc.stderr
     return run
+
+
+def assert_engines_serve_the_resume_step(rl_stderr: str, orchestrator_log: str) -> str:
+    """After every rollback, the engines serve the version the trainer resumes from, and the restarted
+    orchestrator found exactly that version and starts its first batch there (staleness never < 0)."""
+    rollbacks = [int(s) for s in re.findall(r"rolls back to its checkpoint of step (\d+)", rl_stderr)]
+    starts = re.findall(r"engines serve weight version (\d+); first batch is step (\d+)", orchestrator_log)
+    assert rollbacks, rl_stderr[-3000:]
+    assert len(starts) == len(rollbacks) + 1, starts  # the first lifetime, then one per rollback
+    for step, (served, first) in zip(rollbacks, starts[1:], strict=True):
+        assert int(served) == step == int(first), (rollbacks, starts)
+    return f"rollbacks to steps {rollbacks}: engines served exactly those versions after each"
 
 
 def lifetimes(rows: list[dict]) -> list[list[dict]]:
@@ -123,7 +145,8 @@ def trained_prompts(out: Path, step: int) -> set[tuple[int, int]]:
     issued by the seeded order up to `position`, minus those saved as issued-but-untrained (retry)."""
     from prime_async.orchestrator.data_source import DataSource
 
-    state = json.loads((out / "checkpoints" / "orchestrator" / f"step_{step}.json").read_text())["data"]
+    saved = json.loads((out / "checkpoints" / "orchestrator" / f"step_{step}.json").read_text())
+    (state,) = saved["envs"].values()  # the soak trains one environment
     issued: set[tuple[int, int]] = set()
     for epoch in range(state["epoch"] + 1):
         data = DataSource(num_examples=state["num_examples"], seed=state["seed"], shuffle=state["shuffle"])

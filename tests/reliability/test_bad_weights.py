@@ -78,8 +78,8 @@ def test_engine_refuses_truncated_weights_and_keeps_serving(tiny_model_dir: Path
     )
     log = tmp_path / "inference.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "prime_async.inference.server", str(cfg)], stdout=fh,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        argv = [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)]
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, log)

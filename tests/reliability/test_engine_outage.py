@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
+from prime_async.inference.types import EngineUnavailable
 from prime_async.orchestrator import weight_watcher as ww
 
 
@@ -27,7 +27,7 @@ class FakeEngine:
     def _check(self, what: str) -> None:
         self.calls.append(what)
         if not self.up:
-            raise httpx.ConnectError("All connection attempts failed")
+            raise EngineUnavailable("All connection attempts failed")
 
     async def health(self) -> bool:
         self.health_checks += 1
@@ -85,7 +85,7 @@ class Broadcasts:
 
 def _watcher(engine: FakeEngine, admission: FakeAdmission, latest: int | None, mode: str) -> ww.WeightWatcher:
     return ww.WeightWatcher(
-        engines=[engine], broadcasts=Broadcasts(latest), admission=admission, dispatcher=FakeDispatcher(),
+        engines=[engine], broadcasts=Broadcasts(latest), admission=admission, groups=FakeDispatcher(),
         pause_mode=mode, update_weights_interval=1, poll_interval_s=0.01,
     )  # type: ignore[arg-type]  # fmt: skip
 
@@ -128,8 +128,8 @@ def test_gateway_report_holds_dispatch_until_health(monkeypatch) -> None:
     async def main() -> None:
         task = asyncio.create_task(watcher.run())
         engine.up = False
-        watcher.engine_failed(httpx.ReadError("connection reset"))  # what the gateway calls
-        watcher.engine_failed(httpx.ConnectError("refused"))  # a second episode failing: one outage
+        watcher.engine_failed(EngineUnavailable("connection reset"))  # what the gateway calls
+        watcher.engine_failed(EngineUnavailable("refused"))  # a second episode failing: one outage
         assert admission.holds == 1  # synchronous: no group is dispatched after the report
         await _until(lambda: engine.health_checks >= 2)
         assert admission.holds == 1

@@ -25,7 +25,7 @@ from hf_engine import HFEngineClient
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.orchestrator.envs import build_rollout_source
 from prime_async.orchestrator.orchestrator import build_components, run_loop
-from prime_async.orchestrator.simulation import InMemoryBroadcasts
+from prime_async.testing.simulation import InMemoryBroadcasts
 
 pytest.importorskip("verifiers.v1")
 FLAKY = Path(__file__).parent / "flaky_rewards.py"
@@ -50,7 +50,7 @@ def test_reward_faults_and_overlong_are_counted_and_the_run_goes_on(tiny_model_d
 
     async def main() -> None:
         async with build_rollout_source(
-            env_cfg=cfg.env, engines=[engine], model_path=str(tiny_model_dir), seq_len=seq_len
+            env_cfg=cfg.envs[0], engines=[engine], model_path=str(tiny_model_dir), seq_len=seq_len
         ) as source:
             comps = build_components(
                 cfg, source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0

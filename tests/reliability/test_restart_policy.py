@@ -44,9 +44,8 @@ def test_inference_restarts_with_the_newest_stable_broadcast(tmp_path: Path) -> 
     assert data["server"] == tomllib.loads(paths["inference"].read_text())["server"]  # the rest is kept
 
 
-def test_trainer_restart_needs_checkpoints_and_resumes_when_one_exists(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"ckpt\.interval"):
-        restart_overrides(_cfg(tmp_path), "trainer")
+def test_trainer_restart_resumes_when_a_checkpoint_exists(tmp_path: Path) -> None:
+    assert restart_overrides(_cfg(tmp_path), "trainer") == {}  # no checkpoints at all: the run starts over
     cfg = _cfg(tmp_path, trainer={"ckpt": {"interval": 2}})
     assert restart_overrides(cfg, "trainer") == {}  # died before its first checkpoint: start over
     root = tmp_path / "checkpoints" / "trainer"
@@ -78,3 +77,13 @@ def test_restart_budget_is_per_component() -> None:
     assert not RestartBudget(max_restarts=0).allows("trainer")
     assert not budget.allows("progress")
     assert RLConfig().restart.max_restarts == 0  # default: a death fails the run, as before
+
+
+def test_orchestrator_checkpoints_on_the_trainer_checkpoint_steps(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, trainer={"ckpt": {"interval": 5}})
+    assert cfg.orchestrator.ckpt.interval == 5
+    assert _cfg(tmp_path, trainer={"ckpt": {"interval": 6}}, orchestrator={"ckpt": {"interval": 3}})
+    with pytest.raises(
+        ValueError, match=r"orchestrator.ckpt.interval = 4 does not divide trainer.ckpt.interval"
+    ):
+        _cfg(tmp_path, trainer={"ckpt": {"interval": 6}}, orchestrator={"ckpt": {"interval": 4}})

@@ -23,7 +23,7 @@ from prime_async.config.env import EnvConfig
 from prime_async.config.inference import InferenceConfig
 from prime_async.config.rl import RLConfig
 from prime_async.config.shared import TransportConfig
-from prime_async.transport.synthetic import make_batch, transport_cfg
+from prime_async.testing.synthetic import make_batch, transport_cfg
 from prime_async.transport.wire import Request, WireError, encode_message
 from prime_async.transport.zmq_batches import BatchReceiver, BatchSender
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from prime_async.trainer.packed_rows import packed_logprobs
 from prime_async.trainer.parallelize import parallelize
-from prime_async.trainer.train import packed_logprobs
 
 
 def _grads(model) -> dict[str, torch.Tensor]:

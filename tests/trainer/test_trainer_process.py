@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from trainer_harness import batch, read_metrics, start_trainer, wait, write_config
 
-from prime_async.transport.synthetic import transport_cfg
+from prime_async.testing.synthetic import transport_cfg
 from prime_async.transport.zmq_batches import BatchSender
 
 METRIC_KEYS = {
@@ -24,6 +24,9 @@ METRIC_KEYS = {
     "entropy",
     "optim/grad_norm",
     "optim/lr",
+    "optim/num_steps",
+    "offpolicy/effective_steps/mean",
+    "offpolicy/effective_steps/max",
     "time/wait_for_batch",
     "time/train",
     "time/publish_weights",
@@ -94,8 +97,13 @@ def test_three_steps_then_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_match_one(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Plain single process (no process group, unsharded) vs torchrun with 2 gloo ranks (FSDP2)."""
+@pytest.mark.parametrize("num_steps", [1, 2], ids=["one_step_per_batch", "two_steps_per_batch"])
+def test_torchrun_two_ranks_match_one(num_steps: int, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Plain single process (no process group, unsharded) vs torchrun with 2 gloo ranks (FSDP2).
+
+    With two optimizer steps per batch the ranks split their rows [r0, r2] / [r1, pad] into mini-batches
+    [r0] + [r1] and [r2] + [pad]: the single process's [r0, r1] and [r2]. Token versions are 0, so the
+    effective distance of batch n is 2n in the first mini-batch and 2n + 1 in the second."""
     losses = {}
     for nproc in (None, 2):
         out, log = tmp_path / f"run{nproc}", tmp_path / f"trainer{nproc}.log"
@@ -107,6 +115,7 @@ def test_torchrun_two_ranks_match_one(tiny_model_dir: Path, tmp_path: Path) -> N
             transport=tcfg,
             max_steps=3,
             ckpt={"keep": 2},
+            optim={"lr": 1e-3, "max_grad_norm": 1.0, "num_steps_per_batch": num_steps},
         )
         with BatchSender(cfg=tcfg, num_ranks=nproc or 1) as sender:
             feeder = _feed(sender, range(3), nproc or 1, tiny_model_dir)
@@ -114,7 +123,12 @@ def test_torchrun_two_ranks_match_one(tiny_model_dir: Path, tmp_path: Path) -> N
             feeder.join(5)
         metrics = read_metrics(out)
         assert len(metrics) == 3
-        losses[nproc] = [(m["loss/total"], m["optim/grad_norm"], m["mismatch_kl"]) for m in metrics]
+        assert [m["optim/num_steps"] for m in metrics] == [num_steps] * 3
+        assert [m["offpolicy/effective_steps/max"] for m in metrics] == [
+            n * num_steps + num_steps - 1 for n in range(3)
+        ]
+        keys = ("loss/total", "optim/grad_norm", "mismatch_kl", "offpolicy/effective_steps/mean")
+        losses[nproc] = [tuple(m[k] for k in keys) for m in metrics]
     for one, two in zip(losses[None], losses[2], strict=True):
         assert one == pytest.approx(two, abs=1e-4, rel=1e-4)
     w1 = load_file(str(tmp_path / "runNone" / "broadcasts" / "step_3" / "model.safetensors"))

@@ -14,8 +14,8 @@ import tomli_w
 import torch
 
 from prime_async.config.shared import TransportConfig
-from prime_async.trainer.train import packed_logprobs
-from prime_async.transport.synthetic import make_batch
+from prime_async.testing.synthetic import make_batch
+from prime_async.trainer.packed_rows import packed_logprobs
 from prime_async.transport.types import TrainBatch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from prime_async.transport.synthetic import make_batch
+from prime_async.testing.synthetic import make_batch
 from prime_async.transport.wire import (
     ARRAY_NAMES,
     BatchHeader,

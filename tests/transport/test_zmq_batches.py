@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from prime_async.transport.synthetic import make_batch, transport_cfg
+from prime_async.testing.synthetic import make_batch, transport_cfg
 from prime_async.transport.wire import WireError
 from prime_async.transport.zmq_batches import BatchReceiver, BatchSender
 

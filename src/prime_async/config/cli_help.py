@@ -1,7 +1,8 @@
 """`--help` text generated from a pydantic config schema: every field with key, type, default, description.
 
-Used by `config/loader.py`. Sections (nested models) are listed as headers followed by their fields, so
-the output doubles as a reference of every TOML key a command accepts.
+Used by `config/loader.py`. Sections (nested models) are listed as headers followed by their fields, and
+a list of tables (`[[envs]]`) by the fields of one item (`envs[].id`), so the output doubles as a
+reference of every TOML key a command accepts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from prime_async.config.cli_schema import iter_fields, model_members, type_name
+from prime_async.config.cli_schema import item_annotation, iter_fields, model_members, type_name
 
 USAGE_NOTES = """\
 Config files merge left to right; --KEY VALUE overrides win over files. Keys are dotted for nesting and
@@ -29,9 +30,16 @@ def _default_text(info: Any) -> str:
     if isinstance(value, BaseModel):
         return "section"
     try:
-        return "= " + json.dumps(value, default=str)
+        return "= " + json.dumps(value, default=_plain)
     except (TypeError, ValueError):  # exotic defaults: show their repr rather than fail --help
         return f"= {value!r}"
+
+
+def _plain(value: Any) -> Any:
+    """JSON form of a default: a model as its non-default fields, anything else as text."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_defaults=True)
+    return str(value)
 
 
 def _describe(info: Any, indent: str) -> list[str]:
@@ -48,7 +56,13 @@ def render_help(cls: type[BaseModel], prog: str) -> str:
     if doc:
         lines += [" ".join(doc.split()), ""]
     lines += [USAGE_NOTES, "", "Fields (KEY  TYPE  DEFAULT):"]
-    for dotted, annotation, info in iter_fields(cls):
+    lines += _field_lines(cls)
+    return "\n".join(lines) + "\n"
+
+
+def _field_lines(cls: type[BaseModel], prefix: str = "") -> list[str]:
+    lines: list[str] = []
+    for dotted, annotation, info in iter_fields(cls, prefix):
         depth = dotted.count(".")
         indent = "  " + "  " * depth
         sections = model_members(annotation)
@@ -58,4 +72,7 @@ def render_help(cls: type[BaseModel], prog: str) -> str:
         else:
             lines.append(f"{indent}{dotted}  {type_name(annotation)}  {_default_text(info)}")
         lines += _describe(info, indent + "    ")
-    return "\n".join(lines) + "\n"
+        items = model_members(item_annotation(annotation))
+        if len(items) == 1:  # a list of tables: the keys of one item
+            lines += _field_lines(items[0], f"{dotted}[].")
+    return lines

@@ -75,7 +75,8 @@ def type_name(annotation: Any) -> str:
     if typing.get_origin(ann) is typing.Literal:
         return " | ".join(json.dumps(a) if isinstance(a, str) else str(a) for a in typing.get_args(ann))
     if typing.get_origin(ann) is not None:
-        return str(ann).replace("typing.", "").replace("pathlib.", "")
+        args = ", ".join(type_name(a) for a in typing.get_args(ann))
+        return f"{getattr(typing.get_origin(ann), '__name__', str(typing.get_origin(ann)))}[{args}]"
     return getattr(ann, "__name__", str(ann))
 
 

@@ -13,7 +13,14 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from prime_async.config.base import BaseConfig
-from prime_async.config.shared import DEFAULT_OUTPUT_DIR, LogConfig, ModelConfig, WandbConfig
+from prime_async.config.shared import (
+    DEFAULT_OUTPUT_DIR,
+    RUN_ID_DESCRIPTION,
+    LogConfig,
+    LoraConfig,
+    ModelConfig,
+    WandbConfig,
+)
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -23,7 +30,10 @@ class ServerConfig(BaseConfig):
 
     host: str = Field("127.0.0.1", description="Address to bind. Non-loopback requires `server.api_key`.")
     port: int = Field(
-        30000, ge=1, le=65535, description="Port of the first engine; engine i of N serves on port + i."
+        30000,
+        ge=0,
+        le=65535,
+        description="Port of the first engine; engine i of N serves on port + i (0: `rl` picks free ports).",
     )
     api_key: str | None = Field(
         None, description="When set, every route except /health requires `Authorization: Bearer <key>`."
@@ -58,6 +68,11 @@ class EngineConfig(BaseConfig):
         1, ge=1, description="torch intra-op threads on CPU (1: the trainer shares the cores)."
     )
     seed: int = Field(0, description="Seed of the sampler for requests without `sampling_seed`.")
+    kernels: Literal["packed", "dense"] = Field(
+        "packed",
+        description="CPU projections: packed = weights also kept in oneDNN's blocked layout (faster matmuls "
+        "at decode batch sizes, one more copy of the weights in memory); dense = plain F.linear.",
+    )
 
 
 class SGLangConfig(BaseConfig):
@@ -101,5 +116,21 @@ class InferenceConfig(BaseConfig):
         2048, ge=2, description="Max context (prompt + generated tokens) of one request; longer is a 400."
     )
     weight_version: int = Field(0, ge=0, description="Version label of the initial weights (v0).")
+    run_id: str | None = Field(None, description=RUN_ID_DESCRIPTION)
+    deterministic: bool = Field(
+        False,
+        description="Batch-invariant generation (a request's tokens and logprobs do not depend on what "
+        "else runs): the embedded engine runs one request at a time; SGLang gets "
+        "`--enable-deterministic-inference`. Set by `rl` from its `deterministic`.",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Embedded engine (torch).")
     sglang: SGLangConfig = Field(default_factory=SGLangConfig, description="SGLang launcher (sglang).")
+    lora: LoraConfig | None = Field(
+        None,
+        description="Serve LoRA adapters of this shape (`/load_lora_adapter`, `lora_path` per request): "
+        "SGLang gets --enable-lora, --max-lora-rank = rank and --lora-target-modules; the embedded engine "
+        "refuses adapters of a larger rank or other modules. None = full-weight updates only.",
+    )
+    max_loaded_loras: int = Field(
+        4, ge=1, description="Adapters loaded at once (SGLang `--max-loaded-loras`, `--max-loras-per-batch`)."
+    )

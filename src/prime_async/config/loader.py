@@ -247,6 +247,8 @@ def format_validation_error(
     errors = exc.errors(include_url=False)
     first = errors[0]
     loc = schema_loc(cls, first["loc"])
+    if first["type"] == "extra_forbidden":  # e.g. a key of a list item: not in the schema, so named here
+        loc = (*loc, str(first["loc"][-1]))
     source = _source_of(loc, provenance)
     # A flag already names its key (`--optim.lr: ...`); a file does not.
     key = "" if source.startswith("--") and provenance.get(loc) == source else ".".join(loc)

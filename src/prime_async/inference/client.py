@@ -4,7 +4,8 @@ and the embedded engine alike. Used by the orchestrator (one client per engine).
 Invariants: every `generate` asks for logprobs and returns one logprob and one weight version per output
 token (versions from `meta_info.weight_versions` spans; where a server reports no spans, every token
 gets `meta_info.weight_version`). Non-2xx answers raise `EngineError` carrying the status and message;
-the client never retries on its own (the caller decides what a failure costs).
+an engine that cannot be reached raises `EngineUnavailable` (no httpx type leaves this module); the client
+never retries on its own (the caller decides what a failure costs).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 import httpx
 
-from prime_async.inference.types import FinishType, GenerateResult, PauseMode
+from prime_async.inference.types import EngineUnavailable, FinishType, GenerateResult
+from prime_async.types import EnginePauseMode
 
 logger = logging.getLogger(__name__)
 
@@ -104,14 +106,23 @@ class HttpEngineClient:
         self, route: str, payload: dict[str, Any] | None = None, *, admin: bool = True
     ) -> httpx.Response:
         kwargs: dict[str, Any] = {"timeout": self._admin_timeout} if admin else {}
-        resp = await self._http.post(route, json=payload or {}, **kwargs)
+        try:
+            resp = await self._http.post(route, json=payload or {}, **kwargs)
+        except httpx.TransportError as e:
+            raise EngineUnavailable(f"{self.base_url}{route}: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
             raise EngineError(resp.status_code, route, resp.text.strip())
         return resp
 
     async def generate(
-        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        rid: str | None = None,
+        *,
+        lora_path: str | None = None,
     ) -> GenerateResult:
+        """`/generate`; `lora_path` names a loaded LoRA adapter (SGLang's field), None = the base model."""
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": sampling_params,
@@ -119,10 +130,12 @@ class HttpEngineClient:
         }
         if rid is not None:
             payload["rid"] = rid
+        if lora_path is not None:
+            payload["lora_path"] = lora_path
         resp = await self._post("/generate", payload, admin=False)
         return parse_generate(resp.json(), rid)
 
-    async def pause_generation(self, mode: PauseMode) -> None:
+    async def pause_generation(self, mode: EnginePauseMode) -> None:
         await self._post("/pause_generation", {"mode": mode})
 
     async def continue_generation(self) -> None:
@@ -142,19 +155,98 @@ class HttpEngineClient:
         if not body.get("success", False):
             raise EngineError(resp.status_code, "/update_weights_from_disk", str(body.get("message")))
 
+    async def init_weights_update_group(
+        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        backend: str,
+    ) -> None:  # fmt: skip
+        """Join the weight group (blocks until every rank joined; the trainer is rank 0)."""
+        payload = {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend,
+        }  # fmt: skip
+        await self._post_checked("/init_weights_update_group", payload)
+
+    async def update_weights_from_distributed(
+        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+        weight_version: int | None, flush_cache: bool,
+    ) -> None:  # fmt: skip
+        """Receive one bucket broadcast by rank 0 of `group_name` (labelled `weight_version` if given)."""
+        payload: dict[str, Any] = {
+            "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+            "flush_cache": flush_cache, "abort_all_requests": False,
+        }  # fmt: skip
+        if weight_version is not None:
+            payload["weight_version"] = str(weight_version)
+        await self._post_checked("/update_weights_from_distributed", payload)
+
+    async def begin_weight_update(self) -> None:
+        """Open SGLang's weight-update session (0.5.23 refuses /update_weights_from_distributed outside)."""
+        await self._post_checked("/begin_weight_update", {})
+
+    async def end_weight_update(self) -> None:
+        await self._post_checked("/end_weight_update", {})
+
+    async def destroy_weights_update_group(self, group_name: str) -> bool:
+        """Leave `group_name`; False when the engine was not in it (SGLang answers 400 then)."""
+        try:
+            await self._post_checked("/destroy_weights_update_group", {"group_name": group_name})
+        except EngineError as e:
+            if e.status == 400:
+                return False
+            raise
+        return True
+
+    async def _post_checked(self, route: str, payload: dict[str, Any]) -> None:
+        resp = await self._post(route, payload)
+        body = resp.json()
+        if not body.get("success", False):
+            raise EngineError(resp.status_code, route, str(body.get("message")))
+
     async def flush_cache(self) -> None:
         await self._post("/flush_cache")
+
+    async def _lora_update(self, route: str, payload: dict[str, Any]) -> dict[str, str]:
+        try:
+            resp = await self._post(route, payload)
+        except EngineError as e:  # SGLang answers 400 with {"success": false, "error_message"}
+            raise EngineError(e.status, route, str(e)) from None
+        body = resp.json()
+        if not body.get("success", False):
+            raise EngineError(resp.status_code, route, str(body.get("error_message")))
+        return dict(body.get("loaded_adapters") or {})
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, str]:
+        """`/load_lora_adapter`; returns the loaded adapters {name: path}."""
+        return await self._lora_update("/load_lora_adapter", {"lora_name": lora_name, "lora_path": lora_path})
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict[str, str]:
+        """`/unload_lora_adapter` (the engine drops it once its running requests end)."""
+        return await self._lora_update("/unload_lora_adapter", {"lora_name": lora_name})
+
+    async def update_weight_version(self, version: int) -> None:
+        """Relabel the served version without aborting anything (SGLang defaults to aborting all)."""
+        payload = {"new_version": str(version), "abort_all_requests": False}
+        resp = await self._post("/update_weight_version", payload)
+        if not resp.json().get("success", False):
+            raise EngineError(resp.status_code, "/update_weight_version", resp.text.strip())
 
     async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
         if rid is None and not abort_all:
             raise ValueError("abort_request needs a rid or abort_all=True")
         await self._post("/abort_request", {"rid": rid or "", "abort_all": abort_all})
 
-    async def weight_version(self) -> int:
-        resp = await self._http.get("/model_info", timeout=self._admin_timeout)
+    async def model_info(self) -> dict[str, Any]:
+        """`GET /model_info`: model path, weight version, and (embedded engine) the run id."""
+        try:
+            resp = await self._http.get("/model_info", timeout=self._admin_timeout)
+        except httpx.TransportError as e:
+            raise EngineUnavailable(f"{self.base_url}/model_info: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
             raise EngineError(resp.status_code, "/model_info", resp.text.strip())
-        return parse_version(resp.json().get("weight_version"))
+        return resp.json()
+
+    async def weight_version(self) -> int:
+        return parse_version((await self.model_info()).get("weight_version"))
 
     async def health(self) -> bool:
         try:

@@ -18,6 +18,9 @@ Invariants:
 - `update_weights` runs only while paused or with no running request (otherwise it waits for the running
   ones to finish and admits nothing meanwhile); invalid weights raise ValueError and change nothing.
 - Every submitted request is resolved exactly once (result or exception), also on shutdown.
+- `deterministic`: one request runs at a time (prefill alone, then decode at batch size 1), so its tokens
+  and logprobs never depend on other requests (batch invariance); with a `sampling_seed` they are a
+  function of the prompt, the seed and the weights only.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
+from prime_async.inference.linear import Kernels
+from prime_async.inference.lora import Adapter, read_adapter
 from prime_async.inference.model_runner import ModelRunner
 from prime_async.inference.sampler import SamplingParams, sample
+from prime_async.types import EnginePauseMode
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +69,7 @@ class _Request:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     generator: torch.Generator | None
+    adapter: Adapter | None = None  # LoRA adapter named by the request (`lora_path`), None = base model
     created: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -94,6 +101,11 @@ class Engine:
         num_threads: int = 1,
         seed: int = 0,
         weight_version: str = "0",
+        kernels: Kernels = "packed",
+        deterministic: bool = False,
+        max_lora_rank: int | None = None,
+        lora_target_modules: list[str] | None = None,
+        max_loaded_loras: int = 4,
     ):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -102,7 +114,7 @@ class Engine:
             torch.set_num_threads(num_threads)
         self.runner = ModelRunner(
             model_path=model_path, dtype=dtype, device=device,
-            num_slots=max_running_requests, max_len=max_len, chunk=kv_cache_chunk,
+            num_slots=max_running_requests, max_len=max_len, chunk=kv_cache_chunk, kernels=kernels,
         )  # fmt: skip
         self.model_path = model_path
         self.max_len = max_len
@@ -114,6 +126,11 @@ class Engine:
             e for x in (eos, gen_eos) if x is not None for e in (x if isinstance(x, list) else [x])
         }
         self.weight_version = str(weight_version)
+        self.deterministic = deterministic
+        self.max_lora_rank, self.max_loaded_loras = max_lora_rank, max_loaded_loras
+        self.lora_modules = (
+            {m.rsplit(".", 1)[-1] for m in lora_target_modules} if lora_target_modules else None
+        )
         self.paused = False
         self._generator = torch.Generator(device=self.runner.device).manual_seed(seed)
         self._inbox: queue.SimpleQueue[_Request] = queue.SimpleQueue()
@@ -142,18 +159,50 @@ class Engine:
 
     # ---- public API (asyncio side) -------------------------------------------------------------------
     async def generate(
-        self, input_ids: list[int], params: SamplingParams, rid: str | None = None
+        self, input_ids: list[int], params: SamplingParams, rid: str | None = None, lora: str | None = None
     ) -> RequestOutput:
+        """Run one request; `lora` names a loaded adapter (ValueError if it is not loaded)."""
         loop = asyncio.get_running_loop()
+        adapter = None
+        if lora is not None:
+            adapter = self.runner.adapters.get(lora)
+            if adapter is None:
+                raise ValueError(f"The following requested LoRA adapters are not loaded: {lora}")
         gen = None
         if params.sampling_seed is not None:
             gen = torch.Generator(device=self.runner.device).manual_seed(params.sampling_seed)
-        req = _Request(rid or uuid.uuid4().hex, list(input_ids), params, loop.create_future(), loop, gen)
-        self._inbox.put(req)
-        self._wake.set()
-        return await req.future
+        req = _Request(
+            rid or uuid.uuid4().hex, list(input_ids), params, loop.create_future(), loop, gen, adapter
+        )
+        if adapter is not None:
+            adapter.refs += 1
+        try:
+            self._inbox.put(req)
+            self._wake.set()
+            return await req.future
+        finally:
+            if adapter is not None:
+                adapter.refs -= 1
 
-    async def pause(self, mode: Literal["abort", "retract", "in_place"]) -> None:
+    async def load_lora_adapter(self, name: str, path: str) -> list[str]:
+        """Read, validate and register adapter `name`; returns the loaded names. ValueError on a bad
+        adapter, a taken name or a full registry (nothing changes then)."""
+        runner = self.runner
+        raw = await asyncio.to_thread(
+            read_adapter, name, path, num_layers=len(runner.layers), shapes=runner.linear_shapes(),
+            max_rank=self.max_lora_rank, allowed=self.lora_modules,
+        )  # fmt: skip
+        return await self._call(lambda: self._register(raw))
+
+    async def unload_lora_adapter(self, name: str) -> list[str]:
+        """New requests may no longer name `name` at once; it is dropped once its running requests end
+        (as SGLang waits for them). Returns the names still loaded."""
+        adapter = await self._call(lambda: self._unregister(name))
+        while adapter.refs > 0:
+            await asyncio.sleep(0.02)
+        return list(self.runner.adapters)
+
+    async def pause(self, mode: EnginePauseMode) -> None:
         await self._call(lambda: self._pause(mode))
 
     async def resume(self) -> None:
@@ -167,11 +216,46 @@ class Engine:
             await self.abort(None, abort_all=True)
         return await self._call(lambda: self._update(model_path, version, flush_cache))
 
+    async def load_tensors(
+        self, state: dict[str, torch.Tensor], version: str | None, *, flush_cache: bool, source: str
+    ) -> tuple[bool, str, int]:
+        """Copy a subset of the weights (one bucket of a distributed update), as `update_weights` does
+        from disk: only while paused or idle, ValueError on invalid tensors (nothing changed)."""
+        return await self._call(lambda: self._update_from(state, source, version, flush_cache))
+
+    async def set_weight_version(self, version: str) -> None:
+        """Relabel the served version (SGLang `/update_weight_version`): tokens sampled from now carry it."""
+
+        def relabel() -> None:
+            self.weight_version = str(version)
+
+        await self._call(relabel)
+
     async def flush_cache(self) -> bool:
         return await self._call(self._flush)
 
     async def abort(self, rid: str | None, *, abort_all: bool = False) -> None:
         await self._call(lambda: self._abort(rid, abort_all))
+
+    def _register(self, raw) -> list[str]:
+        adapters = self.runner.adapters
+        if raw.name in adapters:
+            raise ValueError(f"The LoRA adapter with name {raw.name!r} is already loaded")
+        if len(adapters) >= self.max_loaded_loras:
+            raise ValueError(
+                f"{len(adapters)} LoRA adapters are loaded (max_loaded_loras = {self.max_loaded_loras}): "
+                "unload one first"
+            )
+        adapters[raw.name] = Adapter(raw=raw, layers=self.runner.fold_adapter(raw))
+        logger.info("loaded LoRA adapter %s from %s (rank %d)", raw.name, raw.path, raw.rank)
+        return list(adapters)
+
+    def _unregister(self, name: str) -> Adapter:
+        adapter = self.runner.adapters.pop(name, None)
+        if adapter is None:
+            raise ValueError(f"LoRA adapter {name!r} is not loaded (loaded: {sorted(self.runner.adapters)})")
+        logger.info("unloaded LoRA adapter %s", name)
+        return adapter
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -239,28 +323,37 @@ class Engine:
             loop.call_soon_threadsafe(_set_result, fut, result)
 
     def _admit(self) -> None:
+        """Move waiting requests (FIFO, within the prefill token budget) into free slots, prefilling them
+        together; a fresh request samples its first token from its prefill logits."""
         budget = self.max_prefill_tokens
-        admitted = 0
-        while self._waiting and len(self._running) < self.runner.num_slots:
+        batch: list[_Request] = []
+        prompts: list[list[int]] = []
+        slots = 1 if self.deterministic else self.runner.num_slots
+        while self._waiting and len(self._running) + len(batch) < slots:
             req = self._waiting[0]
             tokens = req.prompt + req.output_ids[:-1] if req.output_ids else req.prompt
-            if admitted and len(tokens) > budget:
+            if batch and len(tokens) > budget:
                 break
-            self._waiting.popleft()
-            slot = len(self._running)
-            logits = self.runner.prefill(tokens, slot)
-            self._running.append(req)
+            batch.append(self._waiting.popleft())
+            prompts.append(tokens)
             budget -= len(tokens)
-            admitted += 1
-            if not req.output_ids:  # fresh request: its first token comes from the prefill logits
-                self._append_tokens([req], logits[None])
+        if not batch:
+            return
+        first = len(self._running)
+        self._running.extend(batch)  # before the forward: a failing step fails them with the others
+        adapters = [r.adapter for r in batch]
+        logits = self.runner.prefill(prompts, list(range(first, first + len(batch))), adapters)
+        fresh = [j for j, req in enumerate(batch) if not req.output_ids]
+        if fresh:
+            self._append_tokens([batch[j] for j in fresh], logits[fresh])
         self._remove_finished()
 
     def _decode_step(self) -> None:
         dev = self.runner.device
         positions = [r.kv_len for r in self._running]
         ids = torch.tensor([r.output_ids[-1] for r in self._running], device=dev)
-        logits = self.runner.decode(ids, torch.tensor(positions, device=dev), max(positions) + 1)
+        adapters = [r.adapter for r in self._running]
+        logits = self.runner.decode(ids, torch.tensor(positions, device=dev), max(positions) + 1, adapters)
         self._append_tokens(self._running, logits)
         self._remove_finished()
 
@@ -331,9 +424,20 @@ class Engine:
         if self._running and not self.paused:
             raise _Defer
         num_params = self.runner.load_weights(model_path)
+        return self._after_load(f"{num_params} tensors from {model_path}", version, flush_cache)
+
+    def _update_from(
+        self, state: dict[str, torch.Tensor], source: str, version: str | None, flush_cache: bool
+    ) -> tuple[bool, str, int]:
+        if self._running and not self.paused:
+            raise _Defer
+        num = self.runner.load_state(state, source=source, partial=True)
+        return self._after_load(f"{num} tensors from {source}", version, flush_cache)
+
+    def _after_load(self, what: str, version: str | None, flush_cache: bool) -> tuple[bool, str, int]:
         if version is not None:
             self.weight_version = str(version)
-        logger.info("loaded %d tensors from %s as version %s", num_params, model_path, self.weight_version)
+        logger.info("loaded %s as version %s", what, self.weight_version)
         num_paused = len(self._running) + len(self._waiting)
         if flush_cache and not self._flush():
             return (

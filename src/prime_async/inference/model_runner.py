@@ -21,6 +21,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from prime_async.inference.linear import Kernels, Projection
+from prime_async.inference.lora import Adapter, RawAdapter, apply_adapters, stack_pairs
+from prime_async.utils.dtypes import resolve_dtype
+
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -45,13 +49,21 @@ def _joint_norm_weight(att, num_heads: int, num_kv_heads: int) -> torch.Tensor |
 class ModelRunner:
     """Owns the model weights (plus fused copies for speed) and the KV cache."""
 
-    def __init__(self, *, model_path: str, dtype: str, device: str, num_slots: int, max_len: int, chunk: int):
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        dtype: str,
+        device: str,
+        num_slots: int,
+        max_len: int,
+        chunk: int,
+        kernels: Kernels = "packed",
+    ):
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device)
-        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
-        if torch_dtype is None:  # auto
-            torch_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        torch_dtype = resolve_dtype(dtype, self.device)
         self.model = (
             AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
         )
@@ -66,7 +78,11 @@ class ModelRunner:
         self.eps = float(cfg.rms_norm_eps)
         self.scale = self.head_dim**-0.5
         self.num_slots, self.max_len, self.chunk = num_slots, max_len, chunk
+        self.kernels = kernels
+        self.adapters: dict[str, Adapter] = {}  # loaded LoRA adapters by name (engine thread)
+        self._groups: list[tuple[Adapter, torch.Tensor | None]] = []  # adapters of the current forward
         self._build_rope_table()
+        self._stale_fused = False  # a partial load happened: rebuild the derived weights first
         self._fuse_weights()
         self.capacity = 0
         self.k_cache: list[torch.Tensor] = []
@@ -112,18 +128,79 @@ class ModelRunner:
             gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
             self.layers.append(
                 {
-                    "qkv": qkv * layer.input_layernorm.weight[None],
-                    "qkv_b": qkv_b,
-                    "o": att.o_proj.weight,
-                    "o_b": att.o_proj.bias,
+                    "index": len(self.layers),
+                    "qkv": self._projection(qkv * layer.input_layernorm.weight[None], qkv_b),
+                    "o": self._projection(att.o_proj.weight, att.o_proj.bias),
                     "qk_norm": qk_norm,
-                    "gate_up": gate_up * layer.post_attention_layernorm.weight[None],
-                    "down": mlp.down_proj.weight,
+                    "gate_up": self._projection(gate_up * layer.post_attention_layernorm.weight[None]),
+                    "down": self._projection(mlp.down_proj.weight),
                     "act": mlp.act_fn,
                 }
             )
         self.embed = self.model.model.embed_tokens.weight
-        self.lm_head = self.model.get_output_embeddings().weight * self.model.model.norm.weight[None]
+        lm_head = self.model.get_output_embeddings().weight * self.model.model.norm.weight[None]
+        self.lm_head = self._projection(lm_head)
+        for adapter in self.adapters.values():  # folded with the norm gains: refold on new base weights
+            adapter.layers = self.fold_adapter(adapter.raw)
+
+    # ---- LoRA adapters (see inference/lora.py) -------------------------------------------------------
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(out, in) of every adaptable linear module of the (uniform) decoder layers."""
+        layer = self.model.model.layers[0]
+        mods = {**dict(layer.self_attn.named_children()), **dict(layer.mlp.named_children())}
+        return {n: tuple(m.weight.shape) for n, m in mods.items() if isinstance(m, torch.nn.Linear)}
+
+    @torch.no_grad()
+    def fold_adapter(self, raw: RawAdapter) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """`raw` in the fused layout of `_fuse_weights` (norm gains into A, scaling and q scale into B)."""
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        layers = []
+        for i, layer in enumerate(self.model.model.layers):
+
+            def pair(module: str, gain: torch.Tensor | None = None, row_scale: float = 1.0, i: int = i):
+                found = raw.pairs.get((i, module))
+                if found is None:
+                    return None
+                a, b = (t.to(device=self.device, dtype=torch.float32) for t in found)
+                if gain is not None:
+                    a = a * gain.float()[None]
+                return a.to(self.dtype), (b * (raw.scaling * row_scale)).to(self.dtype)
+
+            g1, g2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+            q_scale = 1.0 if getattr(layer.self_attn, "q_norm", None) is not None else self.scale
+            inter = layer.mlp.gate_proj.weight.shape[0]
+            fused = {
+                "qkv": stack_pairs(
+                    [pair("q_proj", g1, q_scale), pair("k_proj", g1), pair("v_proj", g1)],
+                    [h * d, kvh * d, kvh * d],
+                ),
+                "o": pair("o_proj"),
+                "gate_up": stack_pairs([pair("gate_proj", g2), pair("up_proj", g2)], [inter, inter]),
+                "down": pair("down_proj"),
+            }
+            layers.append({k: v for k, v in fused.items() if v is not None})
+        return layers
+
+    def _set_groups(self, adapters: list[Adapter | None] | None, rows_per_item: list[int]) -> None:
+        """Rows of the next forward per adapter; item j covers `rows_per_item[j]` consecutive rows."""
+        self._groups = []
+        if not adapters or all(a is None for a in adapters):
+            return
+        starts = [sum(rows_per_item[:j]) for j in range(len(rows_per_item))]
+        for adapter in {id(a): a for a in adapters if a is not None}.values():
+            items = [j for j, a in enumerate(adapters) if a is adapter]
+            if len(items) == len(adapters):
+                self._groups.append((adapter, None))
+                continue
+            rows = [r for j in items for r in range(starts[j], starts[j] + rows_per_item[j])]
+            self._groups.append((adapter, torch.tensor(rows, device=self.device)))
+
+    def _proj(self, lw: dict, name: str, x: torch.Tensor) -> torch.Tensor:
+        y = lw[name](x)
+        return apply_adapters(y, x, self._groups, lw["index"], name) if self._groups else y
+
+    def _projection(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projection:
+        return Projection(weight, bias, kernels=self.kernels)
 
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
         """Names and shapes a weight directory must provide (tied duplicates optional)."""
@@ -143,26 +220,39 @@ class ModelRunner:
                 state.update(load_file(str(f)))
             except Exception as exc:  # truncated/corrupt file (SafetensorError) or vanished file (OSError)
                 raise ValueError(f"unreadable weights file {f}: {type(exc).__name__}: {exc}") from exc
+        return self.load_state(state, source=model_path)
+
+    @torch.no_grad()
+    def load_state(self, state: dict[str, torch.Tensor], *, source: str, partial: bool = False) -> int:
+        """Validate then copy `state` into the model; ValueError naming `source` and nothing changed on
+        error. `partial`: a subset of the tensors (one bucket of a distributed update); the derived
+        weights are rebuilt before the next forward. Returns the number of tensors copied."""
         expected = self.expected_tensors()
-        known = set(self.model.state_dict().keys())
-        missing = sorted(set(expected) - set(state))
-        unknown = sorted(set(state) - known)
+        sd = self.model.state_dict()
+        missing = [] if partial else sorted(set(expected) - set(state))
+        unknown = sorted(set(state) - set(sd))
         if missing or unknown:
-            raise ValueError(f"weights in {model_path}: missing {missing[:5]}, unknown {unknown[:5]}")
+            raise ValueError(f"weights in {source}: missing {missing[:5]}, unknown {unknown[:5]}")
         params = dict(self.model.named_parameters())
         for name, t in state.items():
-            ref = params.get(name)
-            want = expected.get(name) or tuple(self.model.state_dict()[name].shape)
+            want = expected.get(name) or tuple(sd[name].shape)
             if tuple(t.shape) != want:
-                raise ValueError(
-                    f"weights in {model_path}: {name} has shape {tuple(t.shape)}, expected {want}"
-                )
-            if ref is not None and not t.is_floating_point():
-                raise ValueError(f"weights in {model_path}: {name} has non-float dtype {t.dtype}")
-        for name, p in params.items():
+                raise ValueError(f"weights in {source}: {name} has shape {tuple(t.shape)}, expected {want}")
+            if name in params and not t.is_floating_point():
+                raise ValueError(f"weights in {source}: {name} has non-float dtype {t.dtype}")
+        targets = params if not partial else {n: params.get(n, sd[n]) for n in state}
+        for name, p in targets.items():
             p.copy_(state[name].to(device=self.device, dtype=p.dtype))
-        self._fuse_weights()
-        return len(params)
+        if partial:
+            self._stale_fused = True
+        else:
+            self._fuse_weights()
+        return len(targets)
+
+    def _refresh_fused(self) -> None:
+        if self._stale_fused:
+            self._fuse_weights()
+            self._stale_fused = False
 
     # ---- KV cache ------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -207,7 +297,7 @@ class ModelRunner:
     def _qkv(self, lw: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x (N, hidden) -> q (N, H, D), k/v (N, KVH, D) with q/k-norm and RoPE applied."""
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, lw["qkv"], lw["qkv_b"])
+        qkv = self._proj(lw, "qkv", x)
         # q and k heads side by side (N, H + KVH, D): one norm and one RoPE for both (fewer CPU ops)
         qk, v = qkv.split([(h + kvh) * d, kvh * d], dim=-1)
         qk, v = qk.reshape(-1, h + kvh, d), v.view(-1, kvh, d)
@@ -218,42 +308,69 @@ class ModelRunner:
 
     def _mlp(self, lw: dict, h: torch.Tensor) -> torch.Tensor:
         x = _rms_norm(h, None, self.eps)
-        gate, up = F.linear(x, lw["gate_up"]).chunk(2, dim=-1)
-        return h + F.linear(lw["act"](gate) * up, lw["down"])
+        gate, up = self._proj(lw, "gate_up", x).chunk(2, dim=-1)
+        return h + self._proj(lw, "down", lw["act"](gate) * up)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         h = _rms_norm(h, None, self.eps)
-        return F.linear(h, self.lm_head).float()
+        return self.lm_head(h).float()
 
     @torch.inference_mode()
-    def prefill(self, token_ids: list[int], slot: int) -> torch.Tensor:
-        """Run positions [0, T) of one request into `slot`; return the last position's logits (V,)."""
-        t = len(token_ids)
-        self.ensure_capacity(t)
-        ids = torch.tensor(token_ids, device=self.device)
-        h = F.embedding(ids, self.embed)  # (T, hidden)
-        cos, sin = self.cos[:t], self.sin[:t]
+    def prefill(
+        self, prompts: list[list[int]], slots: list[int], adapters: list[Adapter | None] | None = None
+    ) -> torch.Tensor:
+        """Run positions [0, T_r) of each prompt r into `slots[r]`; return each one's last logits (R, V).
+        `adapters[r]`: the LoRA adapter prompt r runs with (None: the base model).
+
+        Every projection runs once over the tokens of all prompts together (one pass over the weights);
+        attention runs per prompt, so prompts never see each other.
+        """
+        self._refresh_fused()
+        lens = [len(p) for p in prompts]
+        self._set_groups(adapters, lens)
+        self.ensure_capacity(max(lens))
+        ids = torch.tensor([t for p in prompts for t in p], device=self.device)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        ends = torch.tensor(lens, device=self.device).cumsum(0)
+        h = F.embedding(ids, self.embed)  # (N, hidden), N = sum of prompt lengths
+        cos, sin = self.cos[positions], self.sin[positions]
         for i, lw in enumerate(self.layers):
             x = _rms_norm(h, None, self.eps)
-            q, k, v = self._qkv(lw, x, cos, sin)  # (T, H|KVH, D)
-            self.k_cache[i][slot, :, :t] = k.transpose(0, 1)
-            self.v_cache[i][slot, :, :t] = v.transpose(0, 1)
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None],
-                k.transpose(0, 1)[None],
-                v.transpose(0, 1)[None],
-                is_causal=True,
-                enable_gqa=True,
-                scale=1.0,  # 1/sqrt(D) is folded into q
-            )  # (1, H, T, D)
-            h = h + F.linear(attn[0].transpose(0, 1).reshape(t, -1), lw["o"], lw["o_b"])
+            q, k, v = self._qkv(lw, x, cos, sin)  # (N, H|KVH, D)
+            parts = zip(q.split(lens), k.split(lens), v.split(lens), slots, strict=True)
+            attn = torch.cat([self._prefill_attention(i, slot, *qkv) for *qkv, slot in parts])
+            h = h + self._proj(lw, "o", attn.reshape(ids.shape[0], -1))
             h = self._mlp(lw, h)
-        return self._logits(h[-1:])[0]
+        return self._logits(h[ends - 1])
+
+    def _prefill_attention(self, layer: int, slot: int, q, k, v) -> torch.Tensor:
+        """Causal attention of one prompt (T, H|KVH, D), caching its k/v in `slot`; -> (T, H, D)."""
+        t = q.shape[0]
+        self.k_cache[layer][slot, :, :t] = k.transpose(0, 1)
+        self.v_cache[layer][slot, :, :t] = v.transpose(0, 1)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            is_causal=True,
+            enable_gqa=True,
+            scale=1.0,  # 1/sqrt(D) is folded into q
+        )  # (1, H, T, D)
+        return attn[0].transpose(0, 1)
 
     @torch.inference_mode()
-    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
-        """One step for slots 0..B-1: token_ids/positions (B,), length = max(positions) + 1 -> (B, V)."""
+    def decode(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        length: int,
+        adapters: list[Adapter | None] | None = None,
+    ) -> torch.Tensor:
+        """One step for slots 0..B-1: token_ids/positions (B,), length = max(positions) + 1 -> (B, V);
+        `adapters[b]`: the LoRA adapter of row b (None: the base model)."""
+        self._refresh_fused()
         b = token_ids.shape[0]
+        self._set_groups(adapters, [1] * b)
         self.ensure_capacity(length)
         h = F.embedding(token_ids, self.embed)  # (B, hidden)
         cos, sin = self.cos[positions], self.sin[positions]
@@ -273,6 +390,6 @@ class ModelRunner:
             q_g = q.reshape(b, self.num_kv_heads, -1, self.head_dim)  # scale folded into q
             scores = torch.matmul(q_g, kc[:b, :, :length].transpose(-1, -2)) + mask  # (B, KVH, G, L)
             attn = torch.matmul(scores.softmax(-1), vc[:b, :, :length])  # (B, KVH, G, D)
-            h = h + F.linear(attn.reshape(b, -1), lw["o"], lw["o_b"])
+            h = h + self._proj(lw, "o", attn.reshape(b, -1))
             h = self._mlp(lw, h)
         return self._logits(h)

@@ -1,21 +1,21 @@
 """HTTP server of the embedded engine: the subset of SGLang's native API that the orchestrator uses.
 
-`run(cfg)` is called by `prime_async.entrypoints.inference`; `python -m prime_async.inference.server
-CONFIG.toml [...]` runs the same thing without the CLI loader (used by tests). backend = "sglang"
+`run(cfg)` is called by `prime_async.entrypoints.inference` (the only config parser); backend = "sglang"
 delegates to `inference/sglang_launcher.py`.
 
-Routes: POST /generate, /pause_generation, /continue_generation, /update_weights_from_disk,
-/abort_request; GET|POST /flush_cache; GET /model_info (alias /get_model_info), /health,
-/get_server_info. Invariants: a bad request is answered with HTTP 400 and `{"error": {"message"}}` and
-never reaches the engine, so the server keeps serving and the weights stay; when `server.api_key` is set
-every route but /health requires `Authorization: Bearer <key>`.
+Routes: POST /generate (`lora_path` per prompt), /pause_generation, /continue_generation,
+/update_weights_from_disk, /init_weights_update_group, /begin_weight_update, /update_weights_from_distributed,
+/end_weight_update, /destroy_weights_update_group (gloo on CPU, nccl on CUDA; `inference/weight_receiver.py`),
+/load_lora_adapter, /unload_lora_adapter, /update_weight_version, /abort_request; GET|POST /flush_cache;
+GET /model_info (alias /get_model_info), /health, /get_server_info. Invariants: a bad request is answered
+with HTTP 400 and `{"error": {"message"}}` and never reaches the engine, so the server keeps serving and the
+weights stay; when `server.api_key` is set every route but /health requires `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,12 +26,19 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prime_async.config.inference import InferenceConfig
 from prime_async.inference.api import (
     AbortReqInput,
+    DestroyWeightsUpdateGroupReqInput,
     GenerateReqInput,
+    InitWeightsUpdateGroupReqInput,
+    LoadLoRAAdapterReqInput,
     PauseReqInput,
+    UnloadLoRAAdapterReqInput,
     UpdateWeightsFromDiskReqInput,
+    UpdateWeightsFromDistributedReqInput,
+    UpdateWeightVersionReqInput,
     generate_response,
 )
 from prime_async.inference.engine import Engine
+from prime_async.inference.weight_receiver import WeightReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +72,22 @@ def _check_prompts(engine: Engine, items: list) -> None:
             raise ValueError(f"stop_token_ids: {bad_stop[0]} out of vocabulary [0, {engine.vocab_size})")
 
 
-def build_app(engine: Engine, *, api_key: str | None = None, model_path: str = "") -> FastAPI:
-    """FastAPI app over a started or unstarted engine (the lifespan starts and stops it)."""
+def build_app(
+    engine: Engine, *, api_key: str | None = None, model_path: str = "", run_id: str | None = None
+) -> FastAPI:
+    """FastAPI app over a started or unstarted engine (the lifespan starts and stops it).
+
+    `run_id` is reported by `/model_info`, so a launcher can tell its own engine from another run's."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         if not engine.alive:
             engine.start()
         yield
+        receiver.leave_all()
         engine.stop()
 
+    receiver = WeightReceiver(engine.runner.device)
     app = FastAPI(lifespan=lifespan)
 
     @app.exception_handler(RequestValidationError)
@@ -92,18 +105,23 @@ def build_app(engine: Engine, *, api_key: str | None = None, model_path: str = "
             return _error(401, "missing or wrong API key")
         return await call_next(request)
 
-    _add_generation_routes(app, engine)
+    _add_generation_routes(app, engine, run_id)
     _add_admin_routes(app, engine, model_path)
+    _add_distributed_routes(app, engine, receiver)
     return app
 
 
-def _add_generation_routes(app: FastAPI, engine: Engine) -> None:
+def _add_generation_routes(app: FastAPI, engine: Engine, run_id: str | None = None) -> None:
     @app.post("/generate")
     async def generate(req: GenerateReqInput) -> Any:
         items = req.items()
         _check_prompts(engine, items)
+        loras = req.loras(len(items))
         outs = await asyncio.gather(
-            *(engine.generate(prompt, sp.to_params(), rid) for prompt, sp, _, rid in items)
+            *(
+                engine.generate(prompt, sp.to_params(), rid, lora)
+                for (prompt, sp, _, rid), lora in zip(items, loras, strict=True)
+            )
         )
         answers = [generate_response(o, bool(lp)) for o, (_, _, lp, _) in zip(outs, items, strict=True)]
         batched = bool(req.input_ids) and isinstance(req.input_ids[0], list)
@@ -123,6 +141,7 @@ def _add_generation_routes(app: FastAPI, engine: Engine) -> None:
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": engine.weight_version,
+            "run_id": run_id,
             "has_image_understanding": False,
             "has_audio_understanding": False,
             "model_type": cfg.model_type,
@@ -161,6 +180,8 @@ def _add_admin_routes(app: FastAPI, engine: Engine, model_path: str) -> None:
         body = {"success": ok, "message": message, "num_paused_requests": num_paused}
         return JSONResponse(body, status_code=200 if ok else 400)
 
+    _add_lora_routes(app, engine)
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
         ok = await engine.flush_cache()
@@ -178,13 +199,100 @@ def _add_admin_routes(app: FastAPI, engine: Engine, model_path: str) -> None:
         return Response(status_code=200)
 
 
+def _add_distributed_routes(app: FastAPI, engine: Engine, receiver: WeightReceiver) -> None:
+    """SGLang's weight-update-group routes; answers `{"success", "message"}` (400 on failure)."""
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(req: InitWeightsUpdateGroupReqInput) -> JSONResponse:
+        try:
+            await receiver.join(
+                master_address=req.master_address, master_port=req.master_port, rank_offset=req.rank_offset,
+                world_size=req.world_size, group_name=req.group_name, backend=req.backend,
+            )  # fmt: skip
+        except (ValueError, RuntimeError) as exc:  # a bad request or a failed rendezvous: reported
+            message = f"Failed to initialize custom process group: {exc}."
+            logger.error(message)
+            return JSONResponse({"success": False, "message": message}, status_code=400)
+        return JSONResponse({"success": True, "message": "Succeeded to initialize custom process group."})
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(req: UpdateWeightsFromDistributedReqInput) -> JSONResponse:
+        try:
+            tensors = await receiver.receive(req.group_name, req.names, req.dtypes, req.shapes)
+            if req.abort_all_requests:
+                await engine.abort(None, abort_all=True)
+            ok, message, _ = await engine.load_tensors(
+                tensors, req.weight_version, flush_cache=req.flush_cache, source=f"group {req.group_name}"
+            )
+        except (ValueError, RuntimeError) as exc:  # invalid bucket or broken group: old weights kept
+            logger.error("refused distributed weights (v%s): %s", req.weight_version, exc)
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+        return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+    @app.post("/begin_weight_update")
+    async def begin_weight_update() -> JSONResponse:
+        """SGLang's weight-update session; the embedded engine loads in place and needs none (accepted)."""
+        return JSONResponse({"success": True, "message": "Success"})
+
+    @app.post("/end_weight_update")
+    async def end_weight_update() -> JSONResponse:
+        return JSONResponse({"success": True, "message": "Success"})
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(req: DestroyWeightsUpdateGroupReqInput) -> JSONResponse:
+        if receiver.leave(req.group_name):
+            return JSONResponse({"success": True, "message": "Succeeded to destroy custom process group."})
+        body = {"success": False, "message": "The group to be destroyed does not exist."}
+        return JSONResponse(body, status_code=400)
+
+
+def _lora_answer(engine: Engine, error: str | None = None) -> JSONResponse:
+    """SGLang's `LoRAUpdateOutput`: success, error_message, loaded_adapters {name: path}."""
+    loaded = {name: a.raw.path for name, a in engine.runner.adapters.items()}
+    body = {"success": error is None, "error_message": error, "loaded_adapters": loaded}
+    return JSONResponse(body, status_code=200 if error is None else 400)
+
+
+def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
+    """SGLang's dynamic LoRA routes and `/update_weight_version` (labels the served version)."""
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(req: LoadLoRAAdapterReqInput) -> JSONResponse:
+        try:
+            await engine.load_lora_adapter(req.lora_name, req.lora_path)
+        except ValueError as exc:
+            logger.error("refused LoRA adapter %s (%s): %s", req.lora_name, req.lora_path, exc)
+            return _lora_answer(engine, str(exc))
+        return _lora_answer(engine)
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(req: UnloadLoRAAdapterReqInput) -> JSONResponse:
+        try:
+            await engine.unload_lora_adapter(req.lora_name)
+        except ValueError as exc:
+            return _lora_answer(engine, str(exc))
+        return _lora_answer(engine)
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(req: UpdateWeightVersionReqInput) -> JSONResponse:
+        if req.abort_all_requests:
+            await engine.abort(None, abort_all=True)
+        await engine.set_weight_version(req.new_version)
+        body = {"success": True, "message": f"Weight version updated to {req.new_version}",
+                "new_version": req.new_version}  # fmt: skip
+        return JSONResponse(body)
+
+
 def build_engine(cfg: InferenceConfig) -> Engine:
     e = cfg.engine
     return Engine(
         model_path=cfg.model.path, dtype=cfg.model.dtype, device=e.device,
         max_running_requests=e.max_running_requests, max_prefill_tokens=e.max_prefill_tokens,
         max_len=cfg.seq_len, kv_cache_chunk=e.kv_cache_chunk, num_threads=e.num_threads, seed=e.seed,
-        weight_version=str(cfg.weight_version),
+        weight_version=str(cfg.weight_version), kernels=e.kernels, deterministic=cfg.deterministic,
+        max_lora_rank=cfg.lora.rank if cfg.lora else None,
+        lora_target_modules=cfg.lora.target_modules if cfg.lora else None,
+        max_loaded_loras=cfg.max_loaded_loras,
     )  # fmt: skip
 
 
@@ -197,34 +305,11 @@ def run(cfg: InferenceConfig) -> None:
         return
     import uvicorn
 
+    if cfg.server.port == 0:
+        raise ValueError("server.port = 0 (a free port) works only under `rl`: give inference a port")
     engine = build_engine(cfg)
-    app = build_app(engine, api_key=cfg.server.api_key, model_path=cfg.model.path)
+    app = build_app(engine, api_key=cfg.server.api_key, model_path=cfg.model.path, run_id=cfg.run_id)
     logger.info(
         "embedded engine serving %s on http://%s:%d", cfg.model.path, cfg.server.host, cfg.server.port
     )
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level="warning", access_log=False)
-
-
-def _main(argv: list[str]) -> None:
-    """`python -m prime_async.inference.server CONFIG.toml [KEY=VALUE ...]` (dotted keys, TOML values)."""
-    import tomllib
-
-    if not argv:
-        raise SystemExit("usage: python -m prime_async.inference.server CONFIG.toml [a.b=value ...]")
-    with open(argv[0], "rb") as f:
-        data = tomllib.load(f)
-    for item in argv[1:]:
-        key, _, raw = item.partition("=")
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = tomllib.loads(f"v = {raw}")["v"]
-    logging.basicConfig(
-        level=data.get("log", {}).get("level", "INFO"), format="%(asctime)s %(name)s %(message)s"
-    )
-    run(InferenceConfig.model_validate(data))
-
-
-if __name__ == "__main__":
-    _main(sys.argv[1:])

@@ -6,7 +6,8 @@ Called by `inference/server.py:run` (and by the GPU conformance tests). `sglang`
 Engine i of `sglang.num_engines` serves on `server.port + i` with GPUs `gpu_ids[i*tp*dp:(i+1)*tp*dp]`
 (via CUDA_VISIBLE_DEVICES). Flags an RL run needs: `--weight-version` (so `/generate` stamps tokens with
 our integer versions), `--skip-server-warmup`, `--context-length = seq_len`, `--random-seed`, bound to
-127.0.0.1 unless configured otherwise (then `--api-key` is required by config validation).
+127.0.0.1 unless configured otherwise (then `--api-key` is required by config validation). With `lora`:
+`--enable-lora --max-lora-rank --lora-target-modules --max-loaded-loras --max-loras-per-batch`.
 
 Invariants: `stop()` ends every process it started (SIGTERM to its process group, SIGKILL after a
 timeout); `wait_ready` fails with RuntimeError naming the engine as soon as one exits during startup.
@@ -14,6 +15,7 @@ timeout); `wait_ready` fails with RuntimeError naming the engine as soon as one 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import httpx
 
 from prime_async.config.inference import InferenceConfig
+from prime_async.utils.process_tree import descendants, die_with_parent, kill_tree
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +73,29 @@ def build_launch_specs(cfg: InferenceConfig) -> list[LaunchSpec]:
             argv += ["--max-running-requests", str(sg.max_running_requests)]
         if srv.api_key:
             argv += ["--api-key", srv.api_key]
+        if cfg.deterministic:  # batch-invariant kernels; `sampling_seed` per request
+            argv += ["--enable-deterministic-inference"]
+        argv += lora_flags(cfg)
         argv += list(sg.extra_args)
         gpus = gpu_ids[i * gpus_per_engine : (i + 1) * gpus_per_engine]
         env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
         host = "127.0.0.1" if srv.host in ("0.0.0.0", "::") else srv.host
         specs.append(LaunchSpec(argv=argv, env=env, url=f"http://{host}:{port}"))
     return specs
+
+
+def lora_flags(cfg: InferenceConfig) -> list[str]:
+    """SGLang's dynamic-LoRA flags for `cfg.lora` (none without it): adapters are loaded at run time, so
+    the rank bound and the target modules are given up front; the newest adapter and the ones still in
+    use by running requests must fit in one batch."""
+    if cfg.lora is None:
+        return []
+    modules = sorted({m.rsplit(".", 1)[-1] for m in cfg.lora.target_modules})
+    n = str(cfg.max_loaded_loras)
+    return [
+        "--enable-lora", "--max-lora-rank", str(cfg.lora.rank), "--lora-target-modules", *modules,
+        "--max-loaded-loras", n, "--max-loras-per-batch", n,
+    ]  # fmt: skip
 
 
 class SGLangLauncher:
@@ -101,6 +121,7 @@ class SGLangLauncher:
                 stderr=subprocess.STDOUT,
                 text=True,
                 start_new_session=True,  # own process group: stop() reaches its workers too
+                preexec_fn=die_with_parent,  # SIGTERM to the server if this launcher is SIGKILLed
             )
             self.procs.append(proc)
             t = threading.Thread(target=_forward, args=(proc, i), name=f"sglang-log-{i}", daemon=True)
@@ -133,17 +154,25 @@ class SGLangLauncher:
         return None
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """End every server and every process it started (scheduler, detokenizer), then reap the servers."""
+        trees = {p.pid: tuple(descendants(p.pid)) for p in self.procs}  # before a server exits
         for p in self.procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
+                with contextlib.suppress(ProcessLookupError):  # tolerated: exited meanwhile
+                    os.killpg(p.pid, signal.SIGTERM)
         for p in self.procs:
+            kill_tree(p.pid, timeout_s=timeout_s, also=trees[p.pid])
             try:
-                p.wait(max(0.1, deadline - time.monotonic()))
+                p.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 logger.warning("sglang pid %d did not stop in %.0fs; killing", p.pid, timeout_s)
-                os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _healthy(url: str) -> bool:
@@ -167,6 +196,9 @@ def run_sglang(cfg: InferenceConfig) -> None:
     if cfg.sglang.python in ("python", sys.executable) and importlib.util.find_spec("sglang") is None:
         raise ValueError("backend = 'sglang' needs the sglang extra: `uv sync --extra sglang`")
     launcher = SGLangLauncher(specs=build_launch_specs(cfg), startup_timeout_s=cfg.sglang.startup_timeout_s)
+    # SIGTERM (what `rl` and most supervisors send) must unwind through `finally` so the servers stop too;
+    # Python's default action would end this process at once and orphan them.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.start()
     try:
         launcher.wait_ready()

@@ -9,8 +9,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-PauseMode = Literal["abort", "retract", "in_place"]
+from prime_async.types import EnginePauseMode
+
 FinishType = Literal["stop", "length", "abort"]
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine could not be reached (refused, reset, timed out): an outage, not a bad request.
+
+    Raised by every `EngineClient`, so callers recognise outages without knowing the HTTP library.
+    """
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The sampling settings of an episode's model calls (the orchestrator's `[sampling]` section).
+
+    `max_tokens` None leaves the per-turn limit to the caller (the gateway clamps to `seq_len` anyway).
+    `seed` (deterministic runs) seeds the episode: the gateway sends each of its model calls with its
+    own `sampling_seed` derived from it (`orchestrator/schedule.py`); it never reaches verifiers.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    seed: int | None = None
+
+    def to_sglang(self) -> dict[str, Any]:
+        """SGLang `/generate` `sampling_params` (its name for the token limit is `max_new_tokens`)."""
+        out: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
+        if self.max_tokens is not None:
+            out["max_new_tokens"] = self.max_tokens
+        return out
+
+    def to_vllm(self) -> dict[str, Any]:
+        """vLLM/OpenAI key names, as verifiers' `SamplingConfig` takes them."""
+        out: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
+        if self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens
+        return out
 
 
 @dataclass
@@ -49,7 +86,7 @@ class EngineClient(Protocol):
         self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
     ) -> GenerateResult: ...
 
-    async def pause_generation(self, mode: PauseMode) -> None: ...
+    async def pause_generation(self, mode: EnginePauseMode) -> None: ...
 
     async def continue_generation(self) -> None: ...
 

@@ -1,7 +1,8 @@
 """One supervised child process of the `rl` launcher: start, health-wait, stop, exit status, log file.
 
-Invariant: `stop()` never leaves the child (or its process group, e.g. torchrun workers) running:
-SIGTERM to the group, then SIGKILL after the timeout.
+Invariant: `stop()` never leaves the child or any of its descendants running (torchrun workers, SGLang's
+server, scheduler and detokenizer, even those in a session of their own): SIGTERM to the group and to every
+descendant found by `process_tree`, then SIGKILL after the timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from prime_async.utils.process_tree import descendants, kill_tree
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +79,14 @@ class Component:
             raise RuntimeError(f"{self.name} not healthy at {self.health_url} after {timeout_s:.0f} s")
 
     def stop(self, *, timeout_s: float) -> None:
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             return
-        self._signal_group(signal.SIGTERM)
+        # Snapshot first: once the child exits, its children are re-parented and no longer under it.
+        tree = tuple(descendants(self.process.pid))
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+        # Descendants outside the group (new sessions, e.g. SGLang's) are ended too.
+        kill_tree(self.process.pid, timeout_s=timeout_s, also=tree)
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

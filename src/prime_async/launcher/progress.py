@@ -1,6 +1,7 @@
 """Console progress of an `rl` run, read from the components' metrics JSONL files.
 
-One line per orchestrator step: step, reward, staleness, trainer loss / mismatch KL, tokens/s, ETA.
+One line per orchestrator step: step, reward, staleness, trainer loss / mismatch KL, rollout and train
+tokens/s (each says what it counts), ETA.
 It reads files the components append to, so it never slows them down.
 """
 
@@ -68,7 +69,11 @@ class ProgressView:
             f"/{_fmt(orch.get('rollout/data_staleness/max'))}",
             f"loss {_fmt(train.get('loss/total'))}",
             f"mismatch_kl {_fmt(train.get('mismatch_kl'), 4)}",
-            f"tok/s {_fmt(orch.get('perf/tokens_per_s', orch.get('rollout/tokens_per_s')), 0)}",
+            # rollout: completion tokens of the episodes that finished since the last step, per wall-clock
+            # second (waits for the trainer included, so below the engines' decode rate); train: tokens
+            # the trainer processed per second of its forward/backward/optimizer step
+            f"rollout {_fmt(orch.get('rollout/tokens_per_s'), 0)} tok/s",
+            f"train {_fmt(train.get('perf/tokens_per_s'), 0)} tok/s",
             f"ETA {eta:5.0f}s",
         ]
         logger.info(" | ".join(parts))

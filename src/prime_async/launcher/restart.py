@@ -2,31 +2,44 @@
 
     inference dies (any exit: it must outlive the run)
         -> model.path = output_dir/broadcasts/step_N (newest N with STABLE), weight_version = N
-           (no broadcast yet: the original config, v0)
-    trainer dies (non-zero)      -> resume = true   (continues from its newest complete checkpoint)
-    orchestrator dies (non-zero) -> trainer stopped too; orchestrator checkpoints of steps >= the trainer's
-                                    newest checkpoint c are moved aside (`.ahead_step_n.json`); both
-                                    restart with resume = true, so batch c is the next one of both
+           (no broadcast yet: the original config, v0); the trainer's history is unchanged
+    trainer or orchestrator dies (non-zero)
+        -> the run ROLLS BACK to the trainer's newest complete checkpoint c (0 without one):
+           1. the other of the two is stopped too;
+           2. orchestrator checkpoints of steps >= c are moved aside (`.ahead_step_n.json`), so the
+              orchestrator resumes from its checkpoint of step c-1 (batch c is the next one of both);
+           3. broadcasts of versions > c are discarded (they belong to the abandoned history);
+           4. every engine loads version c (`broadcasts/step_c`, or the initial model for c = 0),
+              labelled c, with its cache flushed and requests aborted;
+           5. trainer and orchestrator restart with resume = true (when they have a checkpoint).
+
+Why both: after a trainer death the orchestrator has produced batches and loaded weights the restarted
+trainer will make again, slightly differently; keeping them would train on weights of a history that no
+longer exists (negative staleness, `n - d < 0`). Rolling both back costs at most one checkpoint interval of
+generation and needs no resend buffer. `config/rl.py` makes the orchestrator checkpoint on the trainer's
+checkpoint steps (step 2 relies on it).
 
 Each restart writes `configs/<name>.restart<k>.toml` (the resolved sub-config plus the overrides) and
 starts the component from that file, so the logs and configs of a run say exactly what ran.
 
 Invariants:
 - a broadcast directory is used only when its `STABLE` marker exists (never a partial write);
+- after any restart, every engine serves exactly the version the trainer resumes from (`roll_back`);
 - every component has its own budget of `restart.max_restarts`; a death past the budget fails the run;
-- a trainer is restarted only when it writes checkpoints (`ckpt.interval`); it resumes when one exists;
-- after an orchestrator restart no prompt is skipped or trained twice by the surviving lineage of weights,
-  provided `orchestrator.ckpt.interval` divides `trainer.ckpt.interval` (then a checkpoint of step c-1
-  exists; otherwise the orchestrator resumes earlier and the batches before c are produced unused).
+- without trainer checkpoints a rollback starts the run over from step 0 (warned at start).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from prime_async.broadcasts import broadcasts_root, discard_after, is_stable, latest_stable, version_dir
+from prime_async.config.rl import RLConfig
 
 logger = logging.getLogger(__name__)
 
@@ -36,19 +49,10 @@ RESTARTABLE = ("inference", "trainer", "orchestrator")
 
 def latest_stable_broadcast(output_dir: Path) -> int | None:
     """Newest N with `output_dir/broadcasts/step_N/STABLE`, or None."""
-    root = Path(output_dir) / "broadcasts"
-    try:
-        names = [p.name for p in root.iterdir()]
-    except FileNotFoundError:
-        return None
-    versions = sorted((int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))), reverse=True)
-    for version in versions:
-        if (root / f"step_{version}" / "STABLE").is_file():
-            return version
-    return None
+    return latest_stable(broadcasts_root(output_dir))
 
 
-def restart_overrides(cfg: Any, name: str) -> dict[str, Any]:
+def restart_overrides(cfg: RLConfig, name: str) -> dict[str, Any]:
     """Changes to the sub-config `name` for its restart; raises ValueError when it cannot restart."""
     if name == "inference":
         version = latest_stable_broadcast(Path(cfg.output_dir))
@@ -57,8 +61,6 @@ def restart_overrides(cfg: Any, name: str) -> dict[str, Any]:
         path = Path(cfg.output_dir) / "broadcasts" / f"step_{version}"
         return {"model": {"path": str(path)}, "weight_version": version}
     if name == "trainer":
-        if getattr(cfg.trainer.ckpt, "interval", None) is None:
-            raise ValueError("trainer.ckpt.interval is not set: a restarted trainer has nothing to resume")
         return {"resume": True} if trainer_checkpoint_step(Path(cfg.output_dir)) is not None else {}
     if name == "orchestrator":
         return {"resume": True}
@@ -86,6 +88,46 @@ def align_orchestrator_checkpoints(output_dir: Path, trainer_step: int) -> list[
             path.rename(path.with_name(f".ahead_{path.name}"))
             moved.append(step)
     return sorted(moved)
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """What `roll_back` did: the step both resume at, and what it moved aside or discarded."""
+
+    step: int
+    moved_orchestrator_checkpoints: list[int]
+    discarded_versions: list[int]
+
+
+def roll_back(cfg: RLConfig) -> Rollback:
+    """Steps 2-4 of the module docstring (trainer and orchestrator are already stopped)."""
+    output_dir = Path(cfg.output_dir)
+    step = trainer_checkpoint_step(output_dir) or 0
+    moved = align_orchestrator_checkpoints(output_dir, step)
+    discarded = discard_after(broadcasts_root(output_dir), step)
+    if step == 0:
+        path = str(cfg.inference.model.path)
+    else:
+        path = str(version_dir(broadcasts_root(output_dir), step))
+        if not is_stable(broadcasts_root(output_dir), step):
+            raise RuntimeError(f"cannot roll back to step {step}: {path} has no STABLE weights")
+    asyncio.run(_load_everywhere(cfg, path, step))
+    return Rollback(step, moved, discarded)
+
+
+async def _load_everywhere(cfg: RLConfig, path: str, version: int) -> None:
+    from prime_async.inference.client import HttpEngineClient
+
+    for url in cfg.orchestrator.inference.base_urls:
+        async with HttpEngineClient(url, cfg.inference.server.api_key) as engine:
+            # the dead orchestrator may have left the engine paused or busy with requests nobody awaits
+            await engine.abort_request(abort_all=True)
+            await engine.continue_generation()
+            await engine.update_weights_from_disk(path, version, flush_cache=True, abort_all_requests=True)
+            served = await engine.weight_version()
+        if served != version:
+            raise RuntimeError(f"engine {url} reports version {served} after loading version {version}")
+        logger.info("engine %s now serves version %d (%s)", url, version, path)
 
 
 def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

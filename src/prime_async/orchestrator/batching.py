@@ -4,8 +4,10 @@
     rows ──longest-first onto the rank with fewest tokens──► TrainBatch.micro_batches[rank]
 
 Invariants:
-- advantage of an episode = reward - mean(group rewards) (divided by std + eps when `std_normalize`),
-  written on its loss tokens, 0.0 elsewhere;
+- advantage of an episode = reward - mean(rewards of its seat in the group) (divided by std + eps when
+  `std_normalize`), written on its loss tokens, 0.0 elsewhere: each seat of a multi-agent env is its
+  own baseline (the seats of one game play different roles with different reward scales); a
+  single-agent group is one seat, so this is the plain group-relative advantage;
 - every sample is whole inside one micro-batch of <= seq_len tokens and `position_ids` restart at 0 at
   each sample (the sink already truncated or dropped longer episodes);
 - every rank gets the same number of micro-batches (FSDP ranks must run the same number of steps): a rank
@@ -43,6 +45,16 @@ def group_advantages(rewards: list[float], cfg: AdvantageConfig) -> list[float]:
     if cfg.std_normalize:
         adv = adv / (r.std() + cfg.eps)
     return [float(a) for a in adv]
+
+
+def seat_advantages(group: Group, cfg: AdvantageConfig) -> list[float]:
+    """Advantages of `group.episodes`, each relative to the episodes of the same seat."""
+    out = [0.0] * len(group.episodes)
+    rewards = group.rewards
+    for indices in group.seats().values():
+        for i, adv in zip(indices, group_advantages([rewards[i] for i in indices], cfg), strict=True):
+            out[i] = adv
+    return out
 
 
 def _pack_rows(samples: list[_Sample], seq_len: int) -> list[list[_Sample]]:
@@ -118,7 +130,7 @@ def build_train_batch(
     assert groups, "build_train_batch needs at least one group"
     samples: list[_Sample] = []
     for group in groups:
-        for ep, adv in zip(group.episodes, group_advantages(group.rewards, advantage_cfg), strict=True):
+        for ep, adv in zip(group.episodes, seat_advantages(group, advantage_cfg), strict=True):
             samples.append(_Sample(ep, adv))
     per_rank = _balance(_pack_rows(samples, seq_len), num_ranks)
     num_rows = max(len(rows) for rows in per_rank)
@@ -132,4 +144,5 @@ def build_train_batch(
         num_loss_tokens=sum(mb.num_loss_tokens for rank in micro_batches for mb in rank),
         temperature=temperature,
         min_dispatch_version=min(g.dispatch_version for g in groups),
+        max_dispatch_version=max(g.dispatch_version for g in groups),
     )

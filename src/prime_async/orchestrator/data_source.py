@@ -1,32 +1,37 @@
-"""Prompt source of the dispatcher: example ids in a seeded order, epoch by epoch, with a retry queue.
+"""Prompt source of the dispatcher: example ids in a seeded order, epoch by epoch, with a retry queue;
+or, for an infinite taskset (`num_examples=None`), a stream 0, 1, 2, ... of drawn tasks.
 
 Called by the dispatcher (`next_example`), the sink listener (`retry`) and the checkpoint code
-(`state_dict` / `load_state_dict`).
+(`state_dict` / `load_state_dict`). `LazyTasks` is the rollout source's side of a stream: it draws
+the taskset's tasks only as example ids reach them.
 
 Invariants:
 - within an epoch every example id is issued exactly once by the order, plus once per `retry`;
 - retried prompts are issued before new ones (oldest retry first);
 - `state_dict(pending=...)` + `load_state_dict` reissue the `pending` prompts (issued, not trained) first
   and then continue the order where it stopped: nothing is skipped and nothing issued twice, because the
-  order position is saved after the pending prompts were taken from it.
+  order position is saved after the pending prompts were taken from it;
+- streamed (`num_examples=None`): `position` is the number of tasks drawn so far; ids are issued in
+  draw order, epoch stays 0, and a resume continues at `position` (pending ones first, as above).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections import deque
-from collections.abc import Iterable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
 class DataSource:
-    """Example ids `0..num_examples-1`, shuffled per epoch with `seed + epoch` when `shuffle`."""
+    """Example ids `0..num_examples-1`, shuffled per epoch with `seed + epoch` when `shuffle`; with
+    `num_examples=None` the unbounded stream `0, 1, 2, ...` (never shuffled)."""
 
-    def __init__(self, *, num_examples: int, seed: int = 0, shuffle: bool = True):
-        if num_examples < 1:
+    def __init__(self, *, num_examples: int | None, seed: int = 0, shuffle: bool = True):
+        if num_examples is not None and num_examples < 1:
             raise ValueError(f"the environment has no examples (num_examples = {num_examples})")
         self.num_examples = num_examples
         self.seed = seed
@@ -36,7 +41,13 @@ class DataSource:
         self._retry: deque[tuple[int, int]] = deque()
         self._order = self._make_order(0)
 
+    @property
+    def streamed(self) -> bool:
+        return self.num_examples is None
+
     def _make_order(self, epoch: int) -> list[int]:
+        if self.num_examples is None:
+            return []
         order = list(range(self.num_examples))
         if self.shuffle:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
@@ -46,6 +57,9 @@ class DataSource:
         """Return `(example_id, epoch)` of the next prompt to issue."""
         if self._retry:
             return self._retry.popleft()
+        if self.num_examples is None:
+            self.position += 1
+            return self.position - 1, 0
         if self.position >= self.num_examples:
             self.epoch += 1
             self.position = 0
@@ -57,6 +71,11 @@ class DataSource:
     def retry(self, example_id: int, epoch: int) -> None:
         """Put a prompt back: it is issued again before any new prompt."""
         self._retry.append((example_id, epoch))
+
+    def unused_group(self, group: Any, *, retry: bool) -> None:
+        """The group table's hook when this is its only prompt source: `retry` the `Group`'s prompt."""
+        if retry:
+            self.retry(group.example_id, group.epoch)
 
     @property
     def num_retry_pending(self) -> int:
@@ -77,8 +96,9 @@ class DataSource:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["num_examples"] != self.num_examples:
             raise ValueError(
-                f"checkpoint was taken with {state['num_examples']} examples, the environment has "
-                f"{self.num_examples}: resume with the same env config or start without --resume"
+                f"checkpoint was taken with {state['num_examples']} examples (None = streamed), the "
+                f"environment has {self.num_examples}: resume with the same env config or start "
+                "without --resume"
             )
         self.seed = state["seed"]
         self.shuffle = state["shuffle"]
@@ -86,3 +106,44 @@ class DataSource:
         self.position = state["position"]
         self._order = self._make_order(self.epoch)
         self._retry = deque((int(e), int(ep)) for e, ep in state["retry"])
+
+
+class LazyTasks:
+    """Task `i` of an iterable that may never end, drawn on demand.
+
+    `tasks()` makes a fresh iterator over the taskset (verifiers' `Taskset.__iter__`, deterministic
+    for a seeded `load()`). Ids are usually asked in increasing order, so reading goes forward once;
+    the last `cache_size` drawn tasks are kept for retries, and an older id (a retry after a resume)
+    re-reads the stream from the start up to it.
+    """
+
+    def __init__(self, tasks: Callable[[], Iterable[Any]], *, cache_size: int = 4096):
+        self._make = tasks
+        self._cache: OrderedDict[int, Any] = OrderedDict()
+        self._cache_size = cache_size
+        self._it: Iterator[Any] = iter(tasks())
+        self._next = 0  # index of the task `_it` yields next
+        self.num_rewinds = 0
+
+    def __getitem__(self, index: int) -> Any:
+        if index < 0:
+            raise IndexError(f"task index {index} < 0")
+        if index in self._cache:
+            self._cache.move_to_end(index)
+            return self._cache[index]
+        if index < self._next:
+            self._it, self._next = iter(self._make()), 0
+            self.num_rewinds += 1
+        while self._next <= index:
+            try:
+                task = next(self._it)
+            except StopIteration:
+                raise IndexError(f"the taskset ended after {self._next} tasks (asked for {index})") from None
+            self._remember(self._next, task)
+            self._next += 1
+        return self._cache[index]
+
+    def _remember(self, index: int, task: Any) -> None:
+        self._cache[index] = task
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)

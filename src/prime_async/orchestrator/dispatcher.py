@@ -1,91 +1,83 @@
 """Dispatcher: creates groups when admission allows, runs their episodes, hands finished groups to the sink.
 
-    DataSource ──next_example──► Dispatcher ──(AdmissionController: hold / K / buffer / in-flight)──►
-        group_size episode tasks ──RolloutSource.run_episode──► Group ──put──► TrainSink
+    EnvMix ──next_prompt──► Dispatcher ──(AdmissionController: hold / K / buffer / in-flight)──►
+        group_size episode tasks ──(the group's env) RolloutSource.run_episode──► Group ──put──► Sink
 
-Who calls it: `orchestrator.py` starts `run()` as a supervised task; the weight watcher calls
-`cancel_unshippable()`, `admission.hold()/release()` and `wait_idle()`; the sink reports every group move
-back through the `SinkListener` methods implemented here (ledger, admission, retry).
+Who calls it: `orchestrator.py` starts `run()` as a supervised task and `stop()` at shutdown. Where each
+group is (in flight, buffered, ended) is the group table's (`groups.py`): the dispatcher reports every
+dispatch, finished episode and finished group to it, and the sink decides the rest.
 
 Invariants:
 - a group is stamped with `admission.served_version` at creation; each episode's span is
   `(dispatch_version, version live when it finished)`, the latter being the served version or the
   newest per-token version the engine reported, whichever is larger;
+- a group is stamped with the environment its prompt came from (`Group.env`, chosen by the mix's
+  schedule) and all its episodes run on that environment's source with its sampling settings;
 - a group is created only when `admission.poll()` allows it, and admission is re-polled after every
-  capacity change (episode/group finished, group dropped, batch cut, version change, release);
-- `cancel_unshippable()` cancels exactly the in-flight groups with `next_batch_step - d > K`, and the
-  accounting of a cancel (ledger, admission, sink, retry) happens synchronously inside the call;
-- every dispatched episode is moved out of the ledger's `inflight` bucket exactly once;
-- an exception escaping a RolloutSource (a bug: env faults come back as status "error") fails `run()`.
+  capacity change (the `changed` event of the group table);
+- an episode that finishes after its group was cancelled (`GroupTable.cancel_unshippable`) counts
+  nowhere: no slot, no metric, no error record;
+- an exception escaping a RolloutSource (a bug: env faults come back as status "error") fails `run()`;
+- a finished group holds every trajectory of its episodes (several per episode for a multi-agent env),
+  reported with `groups.finish` before the sink sees the group; a sink that leaves it in flight fails
+  `run()`;
+- every failed episode is recorded in `errors` (logged once per distinct error); a fatal error of the
+  sink (dropped-groups limit) is re-raised with the most frequent episode error appended, and when
+  every episode of the first `fail_fast_groups` finished groups failed, `run()` fails at once with it;
+- with a deterministic schedule (`schedule.py`), a group's id is its schedule slot and each episode
+  samples with `sampling.seed = episode_seed(run seed, env, example, epoch, index in the group)`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from prime_async.orchestrator.admission import AdmissionController
-from prime_async.orchestrator.data_source import DataSource
-from prime_async.orchestrator.ledger import Ledger
-from prime_async.orchestrator.train_sink import DropReason, TrainSink
-from prime_async.orchestrator.types import Episode, Group, PolicySpan, RolloutSource
+from prime_async.orchestrator.env_mix import EnvMix
+from prime_async.orchestrator.episode_errors import EpisodeErrors, EpisodesFailing
+from prime_async.orchestrator.groups import GroupTable
+from prime_async.orchestrator.schedule import DeterministicSchedule, episode_seed
+from prime_async.orchestrator.train_sink import Sink
+from prime_async.orchestrator.types import Episode, Group, PolicySpan
 
 logger = logging.getLogger(__name__)
 
-_DROP_BUCKET = {"stale": "dropped_stale", "filtered": "filtered", "errored": "errored"}
-
-
-@dataclass
-class _InFlight:
-    group: Group
-    task: asyncio.Task | None = None
-    unfinished: int = 0
-    cancelled: bool = False
-
 
 class Dispatcher:
-    """Runs groups of `group_size` episodes of the rollout source under admission control."""
+    """Runs groups of `group_size` episodes of the mix's environments under admission control."""
 
     def __init__(
         self,
         *,
-        source: RolloutSource,
-        data: DataSource,
+        envs: EnvMix,
         admission: AdmissionController,
-        ledger: Ledger,
-        group_size: int,
-        sampling: dict[str, Any],
-        retry_unused: bool,
+        groups: GroupTable,
+        sink: Sink,
         clock: Callable[[], float] = time.monotonic,
+        fail_fast_groups: int = 2,
+        schedule: DeterministicSchedule | None = None,
     ):
-        self.source = source
-        self.data = data
+        self.envs = envs
         self.admission = admission
-        self.ledger = ledger
-        self.group_size = group_size
-        self.sampling = sampling
-        self.retry_unused = retry_unused
-        self.clock = clock
-        self.sink: TrainSink | None = None
-        self._inflight: dict[int, _InFlight] = {}
-        self._next_group_id = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._failure: BaseException | None = None
-        self._window = {"cancelled_groups": 0, "completion_tokens": 0, "episodes": 0}
-        self._window_start = clock()
-        self.cancelled_group_ids: list[int] = []
-
-    def attach_sink(self, sink: TrainSink) -> None:
+        self.groups = groups
         self.sink = sink
+        self.clock = clock
+        self._next_group_id = 0
+        self._failure: BaseException | None = None
+        self._window = {"completion_tokens": 0, "episodes": 0}
+        self._window_start = clock()
+        self.errors = EpisodeErrors()
+        self.fail_fast_groups = fail_fast_groups
+        self._finished_groups = 0
+        self._failed_early_groups = 0
+        self.schedule = schedule
 
     # -- main loop -------------------------------------------------------------------------------------
     async def run(self) -> None:
-        assert self.sink is not None, "attach_sink() before run()"
         while True:
             if self._failure is not None:
                 raise self._failure
@@ -96,146 +88,104 @@ class Dispatcher:
             self._dispatch_group()
 
     def _dispatch_group(self) -> None:
-        example_id, epoch = self.data.next_example()
+        env, example_id, epoch = self.envs.next_prompt()
+        if self.schedule is not None:
+            self._next_group_id = self.schedule.take_slot()
         group = Group(
             group_id=self._next_group_id,
             example_id=example_id,
             dispatch_version=self.admission.served_version,
             dispatched_at=self.clock(),
             epoch=epoch,
+            env=env.name,
         )
         self._next_group_id += 1
-        state = _InFlight(group=group, unfinished=self.group_size)
-        self._inflight[group.group_id] = state
-        self._idle.clear()
-        self.ledger.dispatch(self.group_size)
-        self.admission.on_group_dispatched()
-        self.sink.on_dispatch(group)
-        state.task = asyncio.create_task(self._run_group(state), name=f"group-{group.group_id}")
+        task = asyncio.create_task(self._run_group(group), name=f"group-{group.group_id}")
+        self.groups.dispatch(group, task)
 
-    async def _run_group(self, state: _InFlight) -> None:
-        group = state.group
+    async def _run_group(self, group: Group) -> None:
         try:
-            episodes = await asyncio.gather(*(self._run_episode(state, i) for i in range(self.group_size)))
+            episodes = (self._run_episode(group, i) for i in range(self.groups.group_size))
+            results = await asyncio.gather(*episodes)
         except asyncio.CancelledError:
-            if not state.cancelled:  # shutdown, not a cancel of ours: nothing to account
+            if self.groups.is_inflight(group.group_id):  # shutdown, not a cancel: nothing to account
                 raise
             return
         except Exception as exc:  # a RolloutSource bug: fail the run through run()
             logger.exception("episode of group %d raised", group.group_id)
             self._fail(exc)
             return
-        group.episodes = list(episodes)
+        group.episodes = [ep for trajectories in results for ep in trajectories]
         group.finished_at = self.clock()
-        del self._inflight[group.group_id]
-        self._set_idle_if_empty()
-        self.admission.on_group_returned()
+        self.groups.finish(group)
+        early_failure = self._check_early_failures(group)
         try:
             self.sink.put(group)
-        except (
-            Exception
-        ) as exc:  # e.g. max_dropped_groups_per_step: nobody awaits this task, so hand it to run()
-            self._fail(exc)
+        except Exception as exc:  # e.g. max_dropped_groups_per_step: nobody awaits this task
+            summary = self.errors.summary()
+            self._fail(RuntimeError(f"{exc}; {summary}") if summary else exc)
+        if self.groups.is_inflight(group.group_id):
+            self._fail(RuntimeError(f"the sink neither accepted nor dropped group {group.group_id}"))
+        if early_failure is not None:
+            self._fail(early_failure)
+
+    def _check_early_failures(self, group: Group) -> EpisodesFailing | None:
+        """The run's error when every episode of the first `fail_fast_groups` groups failed."""
+        self._finished_groups += 1
+        if self._finished_groups > self.fail_fast_groups:
+            return None
+        if all(ep.status == "error" for ep in group.episodes):
+            self._failed_early_groups += 1
+        if self._failed_early_groups < self.fail_fast_groups or self.fail_fast_groups == 0:
+            return None
+        return EpisodesFailing(
+            f"every episode of the first {self.fail_fast_groups} groups failed "
+            f"({self.errors.total} episodes): {self.errors.summary()}; the environment cannot run as "
+            "configured (set orchestrator.fail_fast_groups = 0 to keep going anyway)"
+        )
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
         self.admission.notify()
 
-    async def _run_episode(self, state: _InFlight, index: int) -> Episode:
-        group = state.group
-        ep = await self.source.run_episode(
-            example_id=group.example_id, engine_key=f"g{group.group_id}-e{index}", sampling=self.sampling
+    async def _run_episode(self, group: Group, index: int) -> list[Episode]:
+        """One episode of the group: its trajectories (one, or one per trained seat)."""
+        env = self.envs.get(group.env)
+        sampling = env.sampling
+        if self.schedule is not None:
+            seed = episode_seed(self.schedule.seed, group.env, group.example_id, group.epoch, index)
+            sampling = dataclasses.replace(sampling, seed=seed)
+        result = await env.source.run_episode(
+            example_id=group.example_id, engine_key=f"g{group.group_id}-e{index}", sampling=sampling
         )
-        # An engine may already serve N while `served_version` still says N-1 (mid-update): the
-        # per-token versions it reports are the better witness of the version live at the finish.
-        sampled = [v for v, m in zip(ep.token_versions, ep.loss_mask, strict=False) if m and v >= 0]
-        end = max(self.admission.served_version, group.dispatch_version, max(sampled, default=-1))
-        ep.span = PolicySpan(group.dispatch_version, end)
-        if not state.cancelled:
-            state.unfinished -= 1
+        trajectories = result if isinstance(result, list) else [result]
+        if not trajectories:
+            raise RuntimeError(f"rollout source returned no trajectory for example {group.example_id}")
+        for ep in trajectories:
+            # An engine may already serve N while `served_version` still says N-1 (mid-update): the
+            # per-token versions it reports are the better witness of the version live at the finish.
+            sampled = [v for v, m in zip(ep.token_versions, ep.loss_mask, strict=False) if m and v >= 0]
+            end = max(self.admission.served_version, group.dispatch_version, max(sampled, default=-1))
+            ep.span = PolicySpan(group.dispatch_version, end)
+        if self.groups.episode_done(group):
             self._window["episodes"] += 1
-            self._window["completion_tokens"] += ep.num_completion_tokens
-            self.admission.on_episodes_finished(1)
-        return ep
-
-    # -- cancel / drain --------------------------------------------------------------------------------
-    def cancel_unshippable(self) -> list[int]:
-        """Cancel every in-flight group that can no longer be trained; return their ids."""
-        doomed = [s for s in self._inflight.values() if not self.admission.can_ship(s.group.dispatch_version)]
-        for state in doomed:
-            self._cancel(state)
-        return [s.group.group_id for s in doomed]
-
-    def _cancel(self, state: _InFlight) -> None:
-        group = state.group
-        state.cancelled = True
-        assert state.task is not None
-        state.task.cancel()
-        del self._inflight[group.group_id]
-        self._set_idle_if_empty()
-        self.ledger.move(self.group_size, "inflight", "cancelled")
-        self.admission.on_episodes_finished(state.unfinished)
-        self.admission.on_group_returned()
-        self.sink.on_discard(group)
-        self._window["cancelled_groups"] += 1
-        self.cancelled_group_ids.append(group.group_id)
-        if self.retry_unused:
-            self.data.retry(group.example_id, group.epoch)
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
-
-    def _set_idle_if_empty(self) -> None:
-        if not self._inflight:
-            self._idle.set()
+            self._window["completion_tokens"] += sum(ep.num_completion_tokens for ep in trajectories)
+            for ep in trajectories:
+                self.errors.record(ep)
+        return trajectories
 
     async def stop(self) -> None:
-        tasks = [s.task for s in self._inflight.values() if s.task is not None]
+        tasks = self.groups.tasks()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    # -- SinkListener ----------------------------------------------------------------------------------
-    def on_accepted(self, group: Group, *, num_filtered_episodes: int) -> None:
-        self.ledger.move(len(group.episodes), "inflight", "buffered")
-        self.ledger.move(num_filtered_episodes, "inflight", "filtered")
-
-    def on_dropped(self, group: Group, *, reason: DropReason, retry: bool, from_queue: bool) -> None:
-        bucket = _DROP_BUCKET[reason]
-        if from_queue:
-            self.ledger.move(len(group.episodes), "buffered", bucket)
-        else:
-            self.ledger.move(self.group_size, "inflight", bucket)
-        if retry:
-            self.data.retry(group.example_id, group.epoch)
-        self.admission.notify()
-
-    def on_trained(self, groups: list[Group], *, step: int) -> None:
-        """Batch `step` was cut. Same synchronous block as the removal from the queue, so admission
-        never sees the freed buffer space before it sees the new `next_batch_step`."""
-        self.ledger.move(sum(len(g.episodes) for g in groups), "buffered", "trained")
-        self.admission.on_batch_cut(step)
-        self.cancel_unshippable()  # the cut made them unshippable: stop wasting compute
-
-    # -- state / metrics -------------------------------------------------------------------------------
-    @property
-    def num_inflight_groups(self) -> int:
-        return len(self._inflight)
-
-    @property
-    def num_inflight_episodes(self) -> int:
-        return self.group_size * len(self._inflight)
-
-    def pending_examples(self) -> list[tuple[int, int]]:
-        return [(s.group.example_id, s.group.epoch) for s in self._inflight.values()]
-
+    # -- metrics ---------------------------------------------------------------------------------------
     def window_metrics(self) -> dict[str, float]:
         now = self.clock()
         span = max(now - self._window_start, 1e-9)
         out = {
-            "rollout/buffer/inflight_groups": float(len(self._inflight)),
-            "rollout/cancelled_groups": float(self._window["cancelled_groups"]),
             "rollout/episodes": float(self._window["episodes"]),
             "rollout/tokens_per_s": self._window["completion_tokens"] / span,
         }

@@ -6,7 +6,7 @@ forwards each call to SGLang's native `/generate` on one engine (through `Engine
             ◄── vLLM-shaped answer (choices[0].token_ids / logprobs.content / finish_reason) ──┘
             └── records (prompt_ids, output_ids, logprobs, versions) on the episode's session
 
-Who calls it: `orchestrator/envs.py` opens one `GatewaySession` per episode and hands its `key` to
+Who calls it: `orchestrator/envs/source.py` opens one `GatewaySession` per episode and hands its `key` to
 verifiers as the model name; `close_session` forgets it.
 
 Invariants:
@@ -15,6 +15,8 @@ Invariants:
 - a session's `calls` are recorded in completion order with the per-token versions the engine reported;
 - prompt + completion never exceed `seq_len`: `max_tokens` is clamped, and a prompt that already fills
   `seq_len` is answered with zero tokens and `finish_reason="length"` (the session is marked truncated);
+- a session whose sampling has a `seed` sends its k-th call (k = 0, 1, ... in issue order) with
+  `sampling_seed = call_seed(seed, k)`, overriding any seed of the request (deterministic runs);
 - a cancelled session's in-flight requests are aborted on its engine and later calls are refused (409);
 - session keys are recycled, oldest first, only once more than `KEY_QUARANTINE` keys are free: verifiers'
   renderers client caches one entry per (endpoint, model), so fresh keys per episode would grow that cache
@@ -35,11 +37,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from prime_async.inference.types import EngineClient, GenerateResult
+from prime_async.inference.types import EngineClient, EngineUnavailable, GenerateResult, SamplingParams
+from prime_async.orchestrator.request_gate import RequestGate
+from prime_async.orchestrator.schedule import call_seed
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +77,14 @@ class GatewaySession:
 
     key: str
     engine_index: int
-    sampling: dict[str, Any]
+    sampling: SamplingParams | None
     calls: list[GatewayCall] = field(default_factory=list)
     inflight: set[str] = field(default_factory=set)
     truncated: bool = False
     aborted: bool = False
     cancelled: bool = False
     num_errors: int = 0
+    num_issued: int = 0
 
 
 def to_sglang_sampling(params: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +152,8 @@ class Gateway:
         self.num_requests = 0
         # Called with transport-level engine failures (engine process gone); set by the orchestrator.
         self.on_engine_error: Callable[[BaseException], None] | None = None
+        # Closed by the weight watcher between an in_place update and the cache flush (request_gate.py).
+        self.gate = RequestGate()
 
     @property
     def base_url(self) -> str:
@@ -164,12 +170,10 @@ class Gateway:
             return int(engine_key)
         return zlib.crc32(engine_key.encode()) % len(self.engines)
 
-    def open_session(self, *, engine_key: str, sampling: dict[str, Any] | None = None) -> GatewaySession:
+    def open_session(self, *, engine_key: str, sampling: SamplingParams | None = None) -> GatewaySession:
         recycle = len(self._free_keys) > KEY_QUARANTINE
         key = self._free_keys.popleft() if recycle else f"ep-{next(self._keys)}"
-        session = GatewaySession(
-            key=key, engine_index=self.engine_for(engine_key), sampling=dict(sampling or {})
-        )
+        session = GatewaySession(key=key, engine_index=self.engine_for(engine_key), sampling=sampling)
         self.sessions[key] = session
         return session
 
@@ -203,7 +207,12 @@ class Gateway:
         if not isinstance(prompt_ids, list) or not all(isinstance(t, int) for t in prompt_ids):
             raise GatewayError(400, "token_ids must be a list of ints")
         sampling = to_sglang_sampling(dict(body.get("sampling_params") or {}))
-        sampling.update(to_sglang_sampling(session.sampling))
+        if session.sampling is not None:  # the episode's settings override the request's
+            sampling.update(session.sampling.to_sglang())
+            if session.sampling.seed is not None:
+                sampling.pop("seed", None)
+                sampling["sampling_seed"] = call_seed(session.sampling.seed, session.num_issued)
+        session.num_issued += 1
         budget = self.seq_len - len(prompt_ids)
         requested = sampling.get("max_new_tokens")
         max_new = budget if requested is None else min(int(requested), budget)
@@ -223,10 +232,15 @@ class Gateway:
         engine = self.engines[session.engine_index]
         session.inflight.add(rid)
         try:
-            result = await engine.generate(prompt_ids, sampling, rid=rid)
+            async with self.gate.request():
+                if session.cancelled:  # cancelled while held at the gate
+                    raise GatewayError(409, f"episode {session.key} was cancelled")
+                result = await engine.generate(prompt_ids, sampling, rid=rid)
+        except GatewayError:
+            raise
         except Exception as e:
             session.num_errors += 1
-            if self.on_engine_error is not None and isinstance(e, (httpx.TransportError, ConnectionError)):
+            if self.on_engine_error is not None and isinstance(e, EngineUnavailable):
                 self.on_engine_error(e)
             raise GatewayError(502, f"engine {engine.base_url} failed: {type(e).__name__}: {e}") from e
         finally:

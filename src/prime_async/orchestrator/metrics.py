@@ -3,26 +3,32 @@
 For every trained episode with span (start=d, end):
     staleness = n - d = version_span + queue_steps,  version_span = end - d,  queue_steps = n - end
 so `rollout/data_staleness/mean == rollout/version_span/mean + rollout/queue_steps/mean` exactly.
-`rollout/data_staleness/ratio_<k>` is the fraction of trained groups with staleness k.
+`rollout/data_staleness/ratio_<k>` is the fraction of trained groups with staleness k. A multi-agent
+env's trajectories also give `reward/seat/<seat>/mean` per seat. Per training environment (`env_names`):
+`rollout/env/<name>/trained_groups` (0 when the batch has none of it), and for those in the batch
+`reward/<name>/mean` and `rollout/env/<name>/data_staleness/mean`.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 
 from prime_async.orchestrator.types import Group
 
 
-def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
+def batch_metrics(groups: list[Group], step: int, env_names: Sequence[str] = ()) -> dict[str, float]:
     staleness: list[int] = []
     spans: list[int] = []
     queues: list[int] = []
     rewards: list[float] = []
     completion_tokens = 0
     truncated = 0
+    by_seat: dict[str, list[float]] = {}
     for group in groups:
         for ep in group.episodes:
+            by_seat.setdefault(ep.seat, []).append(ep.reward if ep.reward is not None else 0.0)
             assert ep.span is not None, "trained episode without a PolicySpan"
             staleness.append(step - group.dispatch_version)
             spans.append(ep.span.end - ep.span.start)
@@ -35,6 +41,7 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
     out = {
         "rollout/data_staleness/mean": sum(staleness) / n,
         "rollout/data_staleness/max": float(max(staleness, default=0)),
+        "rollout/data_staleness/min": float(min(staleness, default=0)),
         "rollout/version_span/mean": sum(spans) / n,
         "rollout/queue_steps/mean": sum(queues) / n,
         "reward/mean": mean_reward,
@@ -43,7 +50,26 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
         "rollout/trained_completion_tokens": float(completion_tokens),
         "rollout/truncated_fraction": truncated / n,
     }
+    if set(by_seat) != {"agent"}:
+        out.update({f"reward/seat/{seat}/mean": sum(r) / len(r) for seat, r in by_seat.items()})
+    out.update(env_metrics(groups, step, env_names))
     group_staleness = Counter(step - g.dispatch_version for g in groups)
     for k in range(max(group_staleness, default=0) + 1):
         out[f"rollout/data_staleness/ratio_{k}"] = group_staleness[k] / max(len(groups), 1)
+    return out
+
+
+def env_metrics(groups: list[Group], step: int, env_names: Sequence[str]) -> dict[str, float]:
+    """The batch split by training environment (module docstring)."""
+    out = {f"rollout/env/{name}/trained_groups": 0.0 for name in env_names}
+    rewards: dict[str, list[float]] = {}
+    staleness: dict[str, list[int]] = {}
+    for group in groups:
+        key = f"rollout/env/{group.env}/trained_groups"
+        out[key] = out.get(key, 0.0) + 1
+        rewards.setdefault(group.env, []).extend(group.rewards)
+        staleness.setdefault(group.env, []).extend([step - group.dispatch_version] * len(group.episodes))
+    for name, values in rewards.items():
+        out[f"reward/{name}/mean"] = sum(values) / max(len(values), 1)
+        out[f"rollout/env/{name}/data_staleness/mean"] = sum(staleness[name]) / max(len(staleness[name]), 1)
     return out

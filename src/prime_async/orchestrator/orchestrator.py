@@ -1,40 +1,61 @@
 """The orchestrator process: wires the components and runs the main loop. No component imports this.
 
-    DataSource ─► Dispatcher ─(Admission)─► RolloutSource (verifiers env ─► gateway ─► engines)
+    EnvMix (schedule, DataSource per env) ─► Dispatcher ─(Admission)─► RolloutSource of the group's env
+                                                        (verifiers env ─► gateway ─► engines)
                       │  finished groups                                        ▲
                       ▼                                                         │ pause / update / resume
                   TrainSink ── get_batch(n): sweep vs K, take oldest ─► build_train_batch ─► BatchSender
                                                                                 │ (ZMQ, pull by trainer)
     trainer ── broadcasts/step_N/STABLE ──► WeightWatcher ───────────────────────┘
+            ── Published(N) (control channel) ──► wakes it; distributed: DistributedWeights loads N
 
 Main loop, step n: wait for batch n from the sink (backpressure point: the trainer pulls batches, and
-admission stops dispatch when `next_batch_step - served_version > K`), cut it (admission re-checks,
-unshippable in-flight groups are cancelled), send it, check the ledger, log metrics, checkpoint.
-Background tasks (dispatcher, weight watcher) are supervised: a failure of either ends the main loop with
-that exception; shutdown cancels them with a timeout.
+admission stops dispatch when `next_batch_step - served_version > K`), cut it (the group table moves the
+groups to trained, admission re-checks, unshippable in-flight groups are cancelled), send it, check the
+group table, log metrics, checkpoint.
+
+`deterministic = true` adds one shared `DeterministicSchedule` (`schedule.py`) to admission, the
+dispatcher, the sink (`DeterministicSink`) and the watcher (version by version, `drain` updates).
+
+Construction order has no cycle: env mix -> group table -> admission, sink -> dispatcher -> watcher;
+every component that needs to know where a group is reads the one group table.
+Background tasks (dispatcher, weight watcher, in-run eval) are supervised: a failure of any ends the main
+loop with that exception; shutdown cancels them with a timeout. With an eval configured, the loop holds
+admission after the last batch (no new training group) and waits for the final version's eval
+(`eval/in_run.py`); eval episodes never enter the group table.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.eval.in_run import InRunEval
+from prime_async.eval.setup import merged_sampling
 from prime_async.inference.types import EngineClient
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.batching import build_train_batch
 from prime_async.orchestrator.ckpt import latest_checkpoint, save_checkpoint
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.dispatcher import Dispatcher
-from prime_async.orchestrator.ledger import Ledger
+from prime_async.orchestrator.engine_checks import (
+    check_engines_belong_to_run,
+    check_served_not_ahead,
+    wait_for_engines,
+)
+from prime_async.orchestrator.env_mix import EnvMix, MixEnv
+from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.metrics import batch_metrics
-from prime_async.orchestrator.train_sink import TrainSink, build_train_sink
+from prime_async.orchestrator.schedule import DeterministicSchedule
+from prime_async.orchestrator.train_sink import Sink, build_train_sink
 from prime_async.orchestrator.types import Group, RolloutSource
-from prime_async.orchestrator.weight_watcher import BroadcastDir, Broadcasts, WeightWatcher
+from prime_async.orchestrator.weight_watcher import BroadcastDir, Broadcasts, WeightLoader, WeightWatcher
 from prime_async.transport.types import TrainBatch
 
 if TYPE_CHECKING:
@@ -47,95 +68,122 @@ SHUTDOWN_TIMEOUT_S = 30.0
 
 @dataclass
 class Components:
-    data: DataSource
+    envs: EnvMix
+    groups: GroupTable
     admission: AdmissionController
-    ledger: Ledger
     dispatcher: Dispatcher
-    sink: TrainSink
+    sink: Sink
     watcher: WeightWatcher
     start_step: int = 0
 
 
-def sampling_params(cfg: OrchestratorConfig) -> dict[str, Any]:
-    s = cfg.sampling
-    return {"temperature": s.temperature, "max_tokens": s.max_tokens, "top_p": s.top_p}
+def build_env_mix(cfg: OrchestratorConfig, sources: Mapping[str, RolloutSource]) -> EnvMix:
+    """The training environments of `cfg.envs` over their (started) sources, keyed by env name."""
+    envs = []
+    for env_cfg in cfg.envs:
+        source = sources[env_cfg.label]
+        data = DataSource(num_examples=source.num_examples, seed=cfg.seed, shuffle=cfg.shuffle)
+        sampling = merged_sampling(cfg.sampling, env_cfg.sampling)
+        envs.append(MixEnv(env_cfg.label, source, data, sampling, ratio=env_cfg.ratio))
+    return EnvMix(envs)
 
 
 def build_components(
     cfg: OrchestratorConfig,
     *,
-    source: RolloutSource,
+    source: RolloutSource | Mapping[str, RolloutSource],
     engines: Sequence[EngineClient],
     broadcasts: Broadcasts,
     served_version: int,
     clock: Callable[[], float] = time.monotonic,
+    loader: WeightLoader | None = None,
 ) -> Components:
-    """Build every component from `cfg`; restore the data position when `cfg.resume`."""
-    data = DataSource(num_examples=source.num_examples, seed=cfg.seed, shuffle=cfg.shuffle)
-    start_step = _restore(cfg, data)
-    ledger = Ledger()
-    sink_box: list[TrainSink] = []
+    """Build every component from `cfg`; restore the data positions and the mix when `cfg.resume`.
+
+    `source` is the rollout source of each training env by name (a single source serves a one-env run)."""
+    if not isinstance(source, Mapping):
+        source = {env.label: source for env in cfg.envs}
+    envs = build_env_mix(cfg, source)
+    start_step = _restore(cfg, envs)
+    groups = GroupTable(
+        group_size=cfg.group_size,
+        max_off_policy_steps=cfg.max_off_policy_steps,
+        data=envs,
+        retry_unused=cfg.unused_handler == "retry",
+        max_dropped_groups_per_step=cfg.resolved_max_dropped_groups_per_step,
+        next_batch_step=start_step,
+    )
+    schedule = _schedule(cfg, start_step)
     admission = AdmissionController(
+        groups=groups,
         max_inflight_groups=cfg.resolved_max_inflight_groups,
         max_buffered_groups=cfg.resolved_max_buffered_groups,
-        max_off_policy_steps=cfg.max_off_policy_steps,
-        group_size=cfg.group_size,
         granularity=cfg.submission_granularity,
-        buffered_groups=lambda: sink_box[0].num_buffered_groups,
         served_version=served_version,
-        next_batch_step=start_step,
         clock=clock,
-    )
-    dispatcher = Dispatcher(
-        source=source,
-        data=data,
-        admission=admission,
-        ledger=ledger,
-        group_size=cfg.group_size,
-        sampling=sampling_params(cfg),
-        retry_unused=cfg.unused_handler == "retry",
-        clock=clock,
+        schedule=schedule,
     )
     sink = build_train_sink(
         cfg=cfg.sink,
+        schedule=schedule,
         batch_groups=cfg.batch_groups,
         max_off_policy_steps=cfg.max_off_policy_steps,
         seq_len=cfg.seq_len,
-        unused_handler=cfg.unused_handler,
-        max_dropped_groups_per_step=cfg.resolved_max_dropped_groups_per_step,
-        listener=dispatcher,
+        groups=groups,
     )
-    sink_box.append(sink)
-    dispatcher.attach_sink(sink)
+    dispatcher = Dispatcher(
+        envs=envs,
+        admission=admission,
+        groups=groups,
+        sink=sink,
+        clock=clock,
+        fail_fast_groups=cfg.fail_fast_groups,
+        schedule=schedule,
+    )
     watcher = WeightWatcher(
         engines=engines,
         broadcasts=broadcasts,
         admission=admission,
-        dispatcher=dispatcher,
-        pause_mode=cfg.pause_mode,
+        groups=groups,
+        pause_mode="drain" if schedule is not None else cfg.pause_mode,
         update_weights_interval=cfg.update_weights_interval,
         poll_interval_s=cfg.weight_poll_interval_s,
         clock=clock,
+        schedule=schedule,
+        loader=loader,
     )
-    return Components(data, admission, ledger, dispatcher, sink, watcher, start_step)
+    return Components(envs, groups, admission, dispatcher, sink, watcher, start_step)
 
 
-def _restore(cfg: OrchestratorConfig, data: DataSource) -> int:
+def _schedule(cfg: OrchestratorConfig, start_step: int) -> DeterministicSchedule | None:
+    if not cfg.deterministic:
+        return None
+    logger.info("deterministic: fixed dispatch schedule, seeded sampling, drain weight updates")
+    return DeterministicSchedule(
+        batch_groups=cfg.batch_groups,
+        max_off_policy_steps=cfg.max_off_policy_steps,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        start_step=start_step,
+    )
+
+
+def _restore(cfg: OrchestratorConfig, envs: EnvMix) -> int:
     if not cfg.resume:
         return 0
     state = latest_checkpoint(cfg.output_dir)
     if state is None:
         logger.warning("resume = true but no orchestrator checkpoint in %s: start at step 0", cfg.output_dir)
         return 0
-    data.load_state_dict(state["data"])
+    envs.load_state_dict(state)
     logger.info("resumed from orchestrator checkpoint of step %d", state["step"])
     return int(state["step"]) + 1
 
 
 def checkpoint_state(comps: Components) -> dict[str, Any]:
-    """Data position + prompts issued but not trained (sink queue first, then in flight). No await."""
-    pending = comps.sink.pending_examples() + comps.dispatcher.pending_examples()
-    return {"data": comps.data.state_dict(pending=pending)}
+    """Every env's data position + its prompts issued but not trained (buffered first, then in flight),
+    and the mix schedule. No await."""
+    return comps.envs.state_dict(pending=comps.groups.pending_groups())
 
 
 async def _supervised(aw: Awaitable[Any], background: list[asyncio.Task]) -> Any:
@@ -160,12 +208,16 @@ async def run_loop(
     log_metrics: Callable[[dict[str, float], int], None],
     on_step: Callable[[int, list[Group]], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    evaluator: InRunEval | None = None,
 ) -> None:
-    """Produce batches `start_step .. max_steps-1`; background tasks are supervised and stopped at exit."""
+    """Produce batches `start_step .. max_steps-1`, then (with `evaluator`) wait for the final eval;
+    background tasks are supervised and stopped at exit."""
     background = [
         asyncio.create_task(comps.dispatcher.run(), name="dispatcher"),
         asyncio.create_task(comps.watcher.run(), name="weight-watcher"),
     ]
+    if evaluator is not None:
+        background.append(asyncio.create_task(evaluator.run(), name="eval"))
     try:
         last = clock()
         for step in range(comps.start_step, cfg.max_steps):
@@ -182,15 +234,16 @@ async def run_loop(
             if on_step is not None:
                 on_step(step, groups)
             await _supervised(send_batch(batch), background)
-            comps.ledger.check(
-                inflight=comps.dispatcher.num_inflight_episodes, buffered=comps.sink.num_buffered_episodes
-            )
+            comps.groups.check()
             if cfg.ckpt.interval is not None and (step + 1) % cfg.ckpt.interval == 0:
                 save_checkpoint(cfg.output_dir, step, checkpoint_state(comps))
             now = clock()
             metrics = _step_metrics(comps, groups, step, time_step=now - last, wait_data=wait_data)
             last = now
             log_metrics(metrics, step)
+        if evaluator is not None:
+            comps.admission.hold()  # nothing more will be trained: leave the engines to the final eval
+            await _supervised(evaluator.finish(cfg.eval.final_timeout_s), background)
     finally:
         await _shutdown(comps, background)
 
@@ -198,12 +251,12 @@ async def run_loop(
 def _step_metrics(
     comps: Components, groups: list[Group], step: int, *, time_step: float, wait_data: float
 ) -> dict[str, float]:
-    metrics = batch_metrics(groups, step)
-    metrics.update(comps.sink.get_metrics())
+    metrics = batch_metrics(groups, step, list(comps.envs.envs))
+    metrics.update(comps.envs.metrics())
+    metrics.update(comps.groups.window_metrics())
     metrics.update(comps.admission.window_metrics())
     metrics.update(comps.dispatcher.window_metrics())
     metrics.update(comps.watcher.window_metrics())
-    metrics.update(comps.ledger.metrics())
     metrics["time/step"] = time_step
     metrics["time/wait_data"] = wait_data
     return metrics
@@ -227,7 +280,7 @@ def _console_line(step: int, m: dict[str, float]) -> str:
         f"(max {m['rollout/data_staleness/max']:.0f}) | inflight {m['rollout/buffer/inflight_groups']:.0f} "
         f"buffer {m['rollout/buffer/size']:.0f} dropped {m['rollout/buffer/dropped_groups']:.0f} | "
         f"step {m['time/step']:.2f}s wait {m['time/wait_data']:.2f}s sync {m['time/sync_weights']:.2f}s | "
-        f"{m['rollout/tokens_per_s']:.0f} tok/s"
+        f"{m['rollout/tokens_per_s']:.0f} completion tok/s finished"
     )
 
 
@@ -236,32 +289,22 @@ def run(cfg: OrchestratorConfig) -> None:
     asyncio.run(_run(cfg))
 
 
-async def wait_for_engines(engines: Sequence[EngineClient], *, timeout_s: float) -> None:
-    """Poll `/health` of every engine until all answer (the launcher starts inference first)."""
-    deadline = time.monotonic() + timeout_s
-    while not all(await asyncio.gather(*(e.health() for e in engines))):
-        if time.monotonic() > deadline:
-            urls = [e.base_url for e in engines]
-            raise RuntimeError(f"inference engines {urls} not healthy after {timeout_s:.0f} s")
-        await asyncio.sleep(1.0)
-
-
 async def _run(cfg: OrchestratorConfig) -> None:
-    from prime_async.inference.client import HttpEngineClient
-    from prime_async.orchestrator.envs import build_rollout_source
+    from prime_async.inference.lora_client import engine_clients
+    from prime_async.orchestrator import wiring
+    from prime_async.orchestrator.weight_transfer import build_control
     from prime_async.transport.zmq_batches import BatchSender
     from prime_async.utils.monitor import Monitor
 
-    engines = [HttpEngineClient(url, cfg.inference.api_key) for url in cfg.inference.base_urls]
-    source = build_rollout_source(
-        env_cfg=cfg.env, engines=engines, model_path=cfg.model.path, seq_len=cfg.seq_len
-    )
+    engines = engine_clients(cfg.inference.base_urls, cfg.inference.api_key, lora=cfg.lora is not None)
+    control, loader, wake, failed = build_control(cfg)
+    sources = wiring.build_sources(cfg, list(cfg.envs), engines)
     config = cfg.model_dump(mode="json")
     monitor = Monitor(output_dir=cfg.output_dir, name="orchestrator", wandb_cfg=cfg.wandb, config=config)
     sender = BatchSender(cfg=cfg.transport, num_ranks=cfg.num_train_ranks)
 
     def log_metrics(metrics: dict[str, float], step: int) -> None:
-        metrics.update(source.metrics())
+        metrics.update(wiring.source_metrics(sources))
         logger.info(_console_line(step, metrics))
         monitor.log(metrics, step=step)
 
@@ -271,21 +314,32 @@ async def _run(cfg: OrchestratorConfig) -> None:
 
     try:
         await wait_for_engines(engines, timeout_s=cfg.inference.timeout_s)
-        async with source:
-            served = min(await asyncio.gather(*(e.weight_version() for e in engines)))
+        await check_engines_belong_to_run(engines, cfg.run_id)
+        async with contextlib.AsyncExitStack() as stack:
+            for source in sources.values():
+                await stack.enter_async_context(source)
+            versions = await asyncio.gather(*(e.weight_version() for e in engines))
+            served = min(versions)
             comps = build_components(
                 cfg,
-                source=source,
+                source=sources,
                 engines=engines,
                 broadcasts=BroadcastDir(cfg.output_dir / "broadcasts"),
                 served_version=served,
+                loader=loader,
             )
-            gateway = getattr(source, "gateway", None)
-            if gateway is not None:  # engine outages seen by episodes hold dispatch at once
-                gateway.on_engine_error = comps.watcher.engine_failed
-            await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics)
+            wake.append(comps.watcher.wake)
+            failed.append(comps.watcher.fail)
+            check_served_not_ahead(max(versions), comps.start_step)
+            logger.info("engines serve weight version %d; first batch is step %d", served, comps.start_step)
+            wiring.hook_gateways(list(sources.values()), comps.watcher)
+            evaluator = await wiring.start_in_run_eval(
+                cfg, comps.watcher, engines=engines, monitor=monitor, stack=stack
+            )
+            await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics, evaluator=evaluator)
         await _drain_last_batch(sender, cfg)
     finally:
+        await control.close()
         sender.close()
         monitor.close()
         await asyncio.gather(*(e.aclose() for e in engines), return_exceptions=True)

@@ -1,47 +1,52 @@
-"""Train sink: the store of finished groups between dispatch and the trainer.
+"""Train sink: what is trained of the finished groups, and in which order.
 
-    dispatcher ──put(group)──► [drop errored/aborted, overlong, filters] ──► queue
-    main loop ──get_batch(step)──► sweep queue vs K ──► take batch_groups (fifo | windowed fifo)
+    dispatcher ──put(group)──► [drop errored/aborted, overlong, filters] ──► groups.accept | groups.drop
+    main loop ──get_batch(step)──► sweep buffered vs K ──► choose batch_groups (fifo | windowed fifo)
+                                                          ──► groups.take(batch, step)
 
-Interface (miles' data buffer): `put(group)`, `await get_batch(step) -> list[Group]`, `get_metrics()`;
-optional hooks `on_dispatch(group)` / `on_discard(group)` keep the generation order for windowed FIFO.
-A replacement is selected with `sink.import_path = "module:Class"` and built with the same keyword args.
+The groups themselves live in the group table (`groups.py`); the sink holds no group state, it
+decides. A replacement is selected with `sink.import_path = "module:Class"`: a class implementing the
+`Sink` protocol below, built with the keyword args `cfg, batch_groups, max_off_policy_steps, seq_len,
+groups`.
 
 Invariants:
-- THE staleness guarantee: `get_batch(step)` sweeps the whole queue and drops every group with
+- THE staleness guarantee: `get_batch(step)` sweeps every buffered group and drops each with
   `step - dispatch_version > K` before it takes anything, on every attempt, so no returned group is
   ever staler than K (in-flight cancellation only saves compute);
-- a group leaves the queue exactly once, as trained or dropped, and each move is reported to the
-  `SinkListener` (ledger, admission, retry of the prompt);
-- filtered groups are never retried; stale/errored ones are retried when `unused_handler = "retry"`;
-- more than `max_dropped_groups_per_step` drops between two batch cuts raises RuntimeError.
+- `put` ends every group it is given with exactly one move: accept (into buffered) or drop;
+- the retry rule and the dropped-groups limit are the group table's: filtered groups are never
+  retried; stale/errored ones are when `unused_handler = "retry"`;
+- `deterministic = true` uses `DeterministicSink`: batch n is exactly the groups of its schedule slots
+  (`schedule.py`) that the sink accepted, in slot order, cut once every one of them has left flight;
+  completion order never matters. A batch whose every group was dropped fails the run (clear error).
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import logging
 import math
-from collections import Counter
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from prime_async.config.orchestrator import SinkConfig
+from prime_async.orchestrator.groups import GroupTable
+from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.types import Episode, Group
 
-logger = logging.getLogger(__name__)
 
-DropReason = Literal["stale", "filtered", "errored"]
+class Sink(Protocol):
+    """What the dispatcher and the main loop need from a sink.
 
+    `put(group)` gets each finished group (still in flight in `groups`) and must end it with
+    `groups.accept(group)` (episodes it removed first count as filtered) or `groups.drop(group, reason)`.
+    `get_batch(step)` returns the groups of batch `step`, moved with `groups.take(batch, step)`; it must
+    never return a group with `step - dispatch_version > max_off_policy_steps`. `groups.buffered()` and
+    `groups.in_dispatch_order()` are the groups to choose from, `groups.returned` is set whenever a
+    group leaves flight.
+    """
 
-class SinkListener(Protocol):
-    """Receives every move of a group through the sink (implemented by the dispatcher)."""
+    def put(self, group: Group) -> None: ...
 
-    def on_accepted(self, group: Group, *, num_filtered_episodes: int) -> None: ...
-
-    def on_dropped(self, group: Group, *, reason: DropReason, retry: bool, from_queue: bool) -> None: ...
-
-    def on_trained(self, groups: list[Group], *, step: int) -> None: ...
+    async def get_batch(self, step: int) -> list[Group]: ...
 
 
 class TrainSink:
@@ -54,57 +59,25 @@ class TrainSink:
         batch_groups: int,
         max_off_policy_steps: int,
         seq_len: int,
-        unused_handler: Literal["drop", "retry"],
-        max_dropped_groups_per_step: int,
-        listener: SinkListener,
+        groups: GroupTable,
     ):
         self.cfg = cfg
         self.batch_groups = batch_groups
         self.max_off_policy_steps = max_off_policy_steps
         self.seq_len = seq_len
-        self.unused_handler = unused_handler
-        self.max_dropped_groups_per_step = max_dropped_groups_per_step
-        self.listener = listener
-        self._queue: list[Group] = []  # arrival order
-        # dispatch order: group_id -> (dispatch_version, group once put, None while in flight)
-        self._generation: dict[int, tuple[int, Group | None]] = {}
-        self._arrived = asyncio.Event()
-        self._dropped_since_cut = 0
-        self._drops: Counter[str] = Counter()
+        self.groups = groups
         self._window = math.ceil(cfg.window_fraction * batch_groups)
 
     # -- interface -------------------------------------------------------------------------------------
-    @property
-    def num_buffered_groups(self) -> int:
-        return len(self._queue)
-
-    @property
-    def num_buffered_episodes(self) -> int:
-        return sum(len(g.episodes) for g in self._queue)
-
-    def on_dispatch(self, group: Group) -> None:
-        self._generation[group.group_id] = (group.dispatch_version, None)
-
-    def on_discard(self, group: Group) -> None:
-        """A dispatched group will never be put (cancelled in flight)."""
-        self._generation.pop(group.group_id, None)
-        self._arrived.set()
-
     def put(self, group: Group) -> None:
         if any(e.status != "ok" for e in group.episodes):
-            self._drop(group, "errored", from_queue=False)
+            self.groups.drop(group, "errored")
             return
-        num_filtered = self._apply_overlong(group)
-        if not group.episodes:
-            self._drop(group, "filtered", from_queue=False)
+        self._apply_overlong(group)
+        if not group.episodes or (self.cfg.reject_equal_reward and _no_signal(group)):
+            self.groups.drop(group, "filtered")
             return
-        if self.cfg.reject_equal_reward and len(set(group.rewards)) <= 1:
-            self._drop(group, "filtered", from_queue=False)
-            return
-        self._queue.append(group)
-        self._generation[group.group_id] = (group.dispatch_version, group)
-        self.listener.on_accepted(group, num_filtered_episodes=num_filtered)
-        self._arrived.set()
+        self.groups.accept(group)
 
     async def get_batch(self, step: int) -> list[Group]:
         """Wait until `batch_groups` shippable groups are available for `step`, then take them."""
@@ -112,84 +85,88 @@ class TrainSink:
             self.sweep(step)
             batch = self._select(step)
             if batch is not None:
-                taken = {g.group_id for g in batch}
-                self._queue = [g for g in self._queue if g.group_id not in taken]
-                for gid in taken:
-                    self._generation.pop(gid, None)
-                self._dropped_since_cut = 0
-                self.listener.on_trained(batch, step=step)
+                self.groups.take(batch, step)
                 return batch
-            self._arrived.clear()
-            await self._arrived.wait()
-
-    def get_metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {
-            "rollout/buffer/size": float(len(self._queue)),
-            "rollout/buffer/dropped_groups": float(sum(self._drops.values())),
-        }
-        for reason in ("stale", "filtered", "errored"):
-            out[f"rollout/buffer/dropped_{reason}"] = float(self._drops[reason])
-        self._drops.clear()
-        return out
-
-    def pending_examples(self) -> list[tuple[int, int]]:
-        """`(example_id, epoch)` of groups in the queue (finished, not trained), oldest first."""
-        return [(g.example_id, g.epoch) for g in self._queue]
+            self.groups.returned.clear()
+            await self.groups.returned.wait()
 
     # -- internals -------------------------------------------------------------------------------------
     def sweep(self, step: int) -> None:
-        """Drop every queued group that would be staler than K in batch `step` (the guarantee)."""
-        keep: list[Group] = []
-        for group in self._queue:
+        """Drop every buffered group that would be staler than K in batch `step` (the guarantee)."""
+        for group in self.groups.buffered():
+            if group.dispatch_version > step:
+                raise RuntimeError(
+                    f"invariant violated: group {group.group_id} was dispatched at version "
+                    f"{group.dispatch_version}, newer than batch {step} (staleness "
+                    f"{step - group.dispatch_version} < 0): the engines serve weights the trainer has not "
+                    "produced in this history"
+                )
             if step - group.dispatch_version > self.max_off_policy_steps:
-                self._drop(group, "stale", from_queue=True)
-            else:
-                keep.append(group)
-        self._queue = keep
+                self.groups.drop(group, "stale")
 
     def _select(self, step: int) -> list[Group] | None:
         if self.cfg.order == "fifo":
-            if len(self._queue) < self.batch_groups:
+            if self.groups.num_buffered_groups < self.batch_groups:
                 return None
-            return self._queue[: self.batch_groups]
+            return self.groups.buffered()[: self.batch_groups]
         limit = self.batch_groups + self._window
         candidates: list[Group | None] = []
-        for version, group in self._generation.values():
+        for group, buffered in self.groups.in_dispatch_order():
             if len(candidates) >= limit:
                 break
-            if group is None and step - version > self.max_off_policy_steps:
+            if not buffered and step - group.dispatch_version > self.max_off_policy_steps:
                 continue  # in flight and can no longer ship: it will be cancelled, never wait for it
-            candidates.append(group)
+            candidates.append(group if buffered else None)
         ready = [g for g in candidates if g is not None]
         return ready[: self.batch_groups] if len(ready) >= self.batch_groups else None
 
-    def _apply_overlong(self, group: Group) -> int:
+    def _apply_overlong(self, group: Group) -> None:
         kept: list[Episode] = []
-        num_filtered = 0
         for ep in group.episodes:
-            if len(ep.token_ids) <= self.seq_len:
+            # Episodes arrive already clamped to seq_len by the gateway, flagged `overlong`: length alone
+            # would never see them.
+            if not (ep.overlong or len(ep.token_ids) > self.seq_len):
                 kept.append(ep)
             elif self.cfg.overlong == "truncate":
                 _truncate(ep, self.seq_len)
                 kept.append(ep)
-            else:
-                num_filtered += 1
         group.episodes = kept
-        return num_filtered
 
-    def _drop(self, group: Group, reason: DropReason, *, from_queue: bool) -> None:
-        self._generation.pop(group.group_id, None)
-        self._drops[reason] += 1
-        self._dropped_since_cut += 1
-        retry = self.unused_handler == "retry" and reason != "filtered"
-        self.listener.on_dropped(group, reason=reason, retry=retry, from_queue=from_queue)
-        if self._dropped_since_cut > self.max_dropped_groups_per_step:
+
+class DeterministicSink(TrainSink):
+    """Batches by dispatch slot (`deterministic = true`); `put` filters like the default sink."""
+
+    def __init__(self, *, schedule: DeterministicSchedule, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.schedule = schedule
+
+    async def get_batch(self, step: int) -> list[Group]:
+        """Wait until every slot of batch `step` was dispatched and has left flight, then take them."""
+        slots = self.schedule.slots(step)
+        while not self._complete(step):
+            self.groups.returned.clear()
+            await self.groups.returned.wait()
+        self.sweep(step)
+        batch = sorted((g for g in self.groups.buffered() if g.group_id in slots), key=lambda g: g.group_id)
+        if not batch:
             raise RuntimeError(
-                f"{self._dropped_since_cut} groups dropped since the last batch cut (> "
-                f"max_dropped_groups_per_step = {self.max_dropped_groups_per_step}; last reason: {reason}): "
-                "generation is wasted faster than training uses it; check rewards/filters, raise "
-                "max_off_policy_steps or lower max_buffered_groups"
+                f"deterministic: every group of batch {step} (slots {slots.start}..{slots.stop - 1}) was "
+                "dropped (errored or filtered); a deterministic batch is never refilled from later slots"
             )
+        self.groups.take(batch, step)
+        return batch
+
+    def _complete(self, step: int) -> bool:
+        if not self.schedule.batch_dispatched(step):
+            return False
+        slots = self.schedule.slots(step)
+        return not any(g.group_id in slots for g in self.groups.inflight())
+
+
+def _no_signal(group: Group) -> bool:
+    """True when every seat's rewards are all equal: no episode would get a non-zero advantage."""
+    rewards = group.rewards
+    return all(len({rewards[i] for i in idx}) <= 1 for idx in group.seats().values())
 
 
 def _truncate(ep: Episode, seq_len: int) -> None:
@@ -197,11 +174,16 @@ def _truncate(ep: Episode, seq_len: int) -> None:
     ep.loss_mask = ep.loss_mask[:seq_len]
     ep.sampler_logprobs = ep.sampler_logprobs[:seq_len]
     ep.token_versions = ep.token_versions[:seq_len]
-    ep.truncated = True
+    ep.truncated = ep.overlong = True
 
 
-def build_train_sink(*, cfg: SinkConfig, **kwargs: Any) -> TrainSink:
-    """Build the default sink, or the class at `cfg.import_path` (`module:Class`) with the same args."""
+def build_train_sink(
+    *, cfg: SinkConfig, schedule: DeterministicSchedule | None = None, **kwargs: Any
+) -> Sink:
+    """Build the default sink, the deterministic one (`schedule` given), or the class at
+    `cfg.import_path` (`module:Class`) with the same args."""
+    if schedule is not None:
+        return DeterministicSink(cfg=cfg, schedule=schedule, **kwargs)
     if cfg.import_path is None:
         return TrainSink(cfg=cfg, **kwargs)
     module_name, sep, class_name = cfg.import_path.partition(":")

@@ -1,15 +1,29 @@
-"""Weight watcher: loads each new trainer broadcast into every engine, in flight.
+"""Weight watcher: loads each new trainer version into every engine, in flight.
 
-    trainer ── output_dir/broadcasts/step_N/{weights, STABLE} ──► WeightWatcher.run() polls
+    trainer ── output_dir/broadcasts/step_N/{weights, STABLE} ─┐
+            ── Published(N) on the control channel: wake() ────┴► WeightWatcher.run() (event-driven; the
+                                                                   poll of `poll_interval_s` is a fallback)
       N >= served + update_weights_interval ?
-        1. dispatcher.cancel_unshippable()              (saves compute; the sink sweep is the guarantee)
+        1. groups.cancel_unshippable()                  (saves compute; the sink sweep is the guarantee)
         2. pause: retract | in_place -> /pause_generation on every engine; drain -> hold admission and
            wait until no episode is in flight
         3. /update_weights_from_disk(step_N, weight_version=N) on every engine
-           (flush_cache=True, except in_place: SGLang refuses to flush with paused requests)
+           (flush_cache=True, except in_place: SGLang refuses to flush with paused requests), or with a
+           `WeightLoader` (weights.transport = "distributed", `weight_transfer.py`) its `load`
         4. served_version = N (admission re-checks), resume (/continue_generation or release admission)
-        5. in_place only: hold admission until in-flight episodes finish, then /flush_cache on every
-           engine, so no new request reuses prefix KV computed under older weights (DESIGN.md)
+        5. in_place only: new engine requests are held at the gateway's request gate from before the
+           pause until the requests that were running finish; then /flush_cache on every engine and the
+           gate reopens, so no new request (a running episode's next turn included) reuses prefix KV
+           computed under older weights (DESIGN.md). Without a gate (no gateway): admission is held
+           until no episode is in flight, then the flush.
+
+Eval pin (`pin`, an asyncio.Lock): a shared-placement eval (`eval/in_run.py`) holds it for its whole
+run and every update takes it first (`update_to`), so an update waits for the running eval and an eval
+never spans two versions; the version to load is re-checked once the lock is held.
+
+Deterministic runs (`schedule`, `schedule.py`): versions are loaded one by one (served + 1, never
+skipping one), each only once every group scheduled for an older version was dispatched
+(`schedule.wait_loadable`), with `drain` (the orchestrator forces it), so no group sees two versions.
 
 Invariants: a broadcast directory is used only after its STABLE marker exists (a writer renames the
 complete directory into place and writes STABLE last); the watcher never deletes broadcasts; versions
@@ -28,23 +42,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
-import httpx
-
-from prime_async.inference.types import EngineClient
+from prime_async.broadcasts import latest_stable, version_dir
+from prime_async.inference.types import EngineClient, EngineUnavailable
 from prime_async.orchestrator.admission import AdmissionController
+from prime_async.orchestrator.request_gate import RequestGate
+from prime_async.orchestrator.schedule import DeterministicSchedule
+from prime_async.types import PauseMode
 
 logger = logging.getLogger(__name__)
 
-PauseModeConfig = Literal["retract", "in_place", "drain"]
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-ENGINE_DOWN_ERRORS = (httpx.TransportError, ConnectionError)
 BACKOFF_START_S, BACKOFF_MAX_S = 0.5, 8.0
 
 
@@ -63,22 +74,24 @@ class BroadcastDir:
         self.root = Path(root)
 
     def latest_stable(self) -> int | None:
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return None
-        versions = sorted((int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))), reverse=True)
-        for version in versions:
-            if (self.root / f"step_{version}" / "STABLE").exists():
-                return version
-        return None
+        return latest_stable(self.root)
 
     def path(self, version: int) -> str:
-        return str(self.root / f"step_{version}")
+        return str(version_dir(self.root, version))
+
+
+class WeightLoader(Protocol):
+    """Where versions come from and how they reach the engines, when not the broadcast directory."""
+
+    def latest(self) -> int | None: ...
+
+    async def load(self, engines: Sequence[EngineClient], version: int, *, flush_cache: bool) -> None: ...
+
+    def engines_restarted(self) -> None: ...
 
 
 class Drainable(Protocol):
-    """The part of the dispatcher the watcher uses."""
+    """The part of the group table (`groups.py`) the watcher uses."""
 
     @property
     def num_inflight_groups(self) -> int: ...
@@ -97,31 +110,39 @@ class WeightWatcher:
         engines: Sequence[EngineClient],
         broadcasts: Broadcasts,
         admission: AdmissionController,
-        dispatcher: Drainable,
-        pause_mode: PauseModeConfig,
+        groups: Drainable,
+        pause_mode: PauseMode,
         update_weights_interval: int,
         poll_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
+        request_gate: RequestGate | None = None,
+        schedule: DeterministicSchedule | None = None,
+        loader: WeightLoader | None = None,
     ):
         self.engines = list(engines)
+        self.schedule = schedule
+        self.loader = loader  # None: the broadcast directory and /update_weights_from_disk
+        self.request_gate = request_gate  # the gateway's (set by the orchestrator); see step 5
         self.broadcasts = broadcasts
         self.admission = admission
-        self.dispatcher = dispatcher
+        self.groups = groups
         self.pause_mode = pause_mode
         self.interval = update_weights_interval
         self.poll_interval_s = poll_interval_s
         self.clock = clock
         self._wake = asyncio.Event()
+        self.pin = asyncio.Lock()  # held by a shared-placement eval: updates wait for it
         self._sync_time = 0.0
         self._updates = 0
         self._inflight_at_update = 0
-        self.events: list[tuple[str, int]] = []  # (what, version), for tests and debugging
         self._engine_down = False
         self._down_since = 0.0
         self._drain_held = False
         self._outages = 0
         self._health_retries = 0
         self._down_time = 0.0
+        self._reload = False
+        self._failure: BaseException | None = None
 
     @property
     def served_version(self) -> int:
@@ -129,6 +150,11 @@ class WeightWatcher:
 
     def wake(self) -> None:
         """Look for a new broadcast now instead of at the next poll."""
+        self._wake.set()
+
+    def fail(self, error: BaseException) -> None:
+        """A failure outside the watcher's task (the control channel): `run()` raises it at once."""
+        self._failure = error
         self._wake.set()
 
     def engine_failed(self, error: BaseException) -> None:
@@ -156,18 +182,26 @@ class WeightWatcher:
         down = self.clock() - self._down_since
         self._down_time += down
         self._engine_down = False
+        if self.loader is not None:
+            self.loader.engines_restarted()
+            self._reload = True  # a restarted engine rejoins and gets the newest version, served or not
         self.admission.release()
         logger.warning("engines healthy again after %.1f s down: dispatch resumed", down)
 
     async def run(self) -> None:
         while True:
+            if self._failure is not None:
+                raise self._failure
             if self._engine_down:
                 await self._recover()
-            latest = self.broadcasts.latest_stable()
-            if latest is not None and latest >= self.served_version + self.interval:
+            latest = self.latest()
+            due = latest is not None and latest >= self.served_version + self.interval
+            if latest is not None and (due or (self._reload and latest >= self.served_version)):
+                # deterministic: every version in turn (a restarted engine reloads the served one)
+                target = latest if self.schedule is None or not due else self.served_version + 1
                 try:
-                    await self.update(latest)
-                except ENGINE_DOWN_ERRORS as e:
+                    await self.update_to(target, force=not due)
+                except EngineUnavailable as e:
                     if self._drain_held:
                         self._drain_held = False
                         self.admission.release()
@@ -177,33 +211,57 @@ class WeightWatcher:
             with contextlib.suppress(TimeoutError):  # a poll timeout is the normal case
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
 
-    async def update(self, version: int) -> None:
-        """Load broadcast `version` into every engine (steps 1-5 of the module docstring)."""
-        assert version > self.served_version, f"weight version {version} <= served {self.served_version}"
+    def latest(self) -> int | None:
+        """Newest version the trainer made available (announced, or STABLE on disk)."""
+        return self.loader.latest() if self.loader is not None else self.broadcasts.latest_stable()
+
+    async def update_to(self, version: int, *, force: bool = False) -> None:
+        """`update(version)` once the eval pin is free, unless the engines already serve it (or newer);
+        `force`: load it even when it is the served version (engines that restarted)."""
+        if self.schedule is not None:
+            await self.schedule.wait_loadable(version)
+        async with self.pin:
+            if version > self.served_version or (force and version == self.served_version):
+                await self.update(version, force=force)
+
+    async def update(self, version: int, *, force: bool = False) -> None:
+        """Load `version` into every engine (steps 1-5 of the module docstring)."""
+        assert version > self.served_version or (force and version == self.served_version), (
+            f"weight version {version} <= served {self.served_version}"
+        )
         start = self.clock()
-        cancelled = self.dispatcher.cancel_unshippable()
-        self.events.append(("cancel", len(cancelled)))
-        self._inflight_at_update += self.dispatcher.num_inflight_groups  # work the update runs across
-        path = self.broadcasts.path(version)
+        self.groups.cancel_unshippable()
+        self._inflight_at_update += self.groups.num_inflight_groups  # work the update runs across
+        if self.pause_mode == "in_place" and self.request_gate is not None:
+            self.request_gate.close()  # before the pause: nothing may start between the load and the flush
         if self.pause_mode == "drain":
             self.admission.hold()
             self._drain_held = True
-            await self.dispatcher.wait_idle()
+            await self.groups.wait_idle()
+            # the trainer went on while the engines drained: load its newest version (the one asked for
+            # may be gone from the trainer's memory or the broadcast retention); deterministic runs load
+            # every version in turn
+            newest = self.latest()
+            if self.schedule is None and newest is not None and newest > version:
+                version = newest
         else:
             await asyncio.gather(*(e.pause_generation(self.pause_mode) for e in self.engines))
-        self.events.append(("paused", version))
         flush = self.pause_mode != "in_place"
-        await asyncio.gather(
-            *(e.update_weights_from_disk(path, version, flush_cache=flush) for e in self.engines)
-        )
-        self.events.append(("updated", version))
-        self.admission.set_served_version(version)
+        if self.loader is not None:
+            await self.loader.load(self.engines, version, flush_cache=flush)
+        else:
+            path = self.broadcasts.path(version)
+            await asyncio.gather(
+                *(e.update_weights_from_disk(path, version, flush_cache=flush) for e in self.engines)
+            )
+        self._reload = False
+        if version > self.served_version:
+            self.admission.set_served_version(version)
         if self.pause_mode == "drain":
             self._drain_held = False
             self.admission.release()
         else:
             await asyncio.gather(*(e.continue_generation() for e in self.engines))
-        self.events.append(("resumed", version))
         self._sync_time += self.clock() - start
         self._updates += 1
         logger.info("weights v%d loaded into %d engine(s) (%s)", version, len(self.engines), self.pause_mode)
@@ -212,11 +270,17 @@ class WeightWatcher:
 
     async def _flush_when_idle(self, version: int) -> None:
         # New requests must not reuse prefix KV of older weights; SGLang flushes only when idle.
+        if self.request_gate is not None:
+            try:
+                await self.request_gate.wait_idle()
+                await asyncio.gather(*(e.flush_cache() for e in self.engines))
+            finally:
+                self.request_gate.open()
+            return
         self.admission.hold()
         try:
-            await self.dispatcher.wait_idle()
+            await self.groups.wait_idle()
             await asyncio.gather(*(e.flush_cache() for e in self.engines))
-            self.events.append(("flushed", version))
         finally:
             self.admission.release()
 

@@ -1,9 +1,9 @@
 """Full training-state checkpoints for `--resume`: `output_dir/checkpoints/trainer/step_{n}/`.
 
-`step_{n}` holds the state after n optimizer steps (the next batch to train is n; the weights are version
-n): model and optimizer (full, unsharded state dicts, so a different world size can resume), LR scheduler,
-step, and the torch RNG states. Called by the trainer's main loop on every rank (gathering the state is a
-collective); rank 0 writes.
+`step_{n}` holds the state after n trainer steps (batches of `optim.num_steps_per_batch` optimizer steps
+each; the next batch to train is n; the weights are version n): model and optimizer (full, unsharded
+state dicts, so a different world size can resume), LR scheduler, step, and the torch RNG states.
+Called by the trainer's main loop on every rank (gathering the state is a collective); rank 0 writes.
 
 Invariants:
 - atomic: written under `checkpoints/trainer/.tmp_step_{n}`, `COMPLETE` written last, then renamed;
@@ -74,16 +74,32 @@ def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save_checkpoint(*, output_dir: Path, step: int, model, optimizer, scheduler, keep: int | None) -> None:
-    """Collective: gather full states, rank 0 writes `checkpoints/trainer/step_{step}` atomically."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+def save_checkpoint(
+    *,
+    output_dir: Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    keep: int | None,
+    trainable_only: bool = False,
+) -> None:
+    """Collective: gather full states, rank 0 writes `checkpoints/trainer/step_{step}` atomically.
+
+    `trainable_only` (LoRA): the model state holds only parameters that require grad (the adapter); the
+    frozen base comes from `model.path` again on resume."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
     state = {
+        "trainable_only": trainable_only,
         "step": step,
         "model": get_model_state_dict(model, options=options),
         "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
         "scheduler": scheduler.state_dict(),
         "rng": torch.get_rng_state(),
     }
+    if trainable_only:  # tied weights (lm_head = embeddings) are reported even though frozen
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        state["model"] = {k: v for k, v in state["model"].items() if k in trainable}
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state()
     if _is_rank0():
@@ -105,10 +121,18 @@ def save_checkpoint(*, output_dir: Path, step: int, model, optimizer, scheduler,
     _barrier()
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> int:
-    """Restore every rank from `path`; returns the next step to train."""
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, trainable_only: bool = False) -> int:
+    """Restore every rank from `path`; returns the next step to train. A checkpoint of the other kind
+    (adapter-only vs full) is refused with a ValueError naming both."""
     state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
-    options = StateDictOptions(full_state_dict=True)
+    saved_kind = bool(state.get("trainable_only", False))
+    if saved_kind != trainable_only:
+        kinds = {True: "LoRA adapter-only", False: "full-weight"}
+        raise ValueError(
+            f"checkpoint {path} is {kinds[saved_kind]} but this trainer is {kinds[trainable_only]}: "
+            "resume with the lora setting the run was started with"
+        )
+    options = StateDictOptions(full_state_dict=True, strict=not trainable_only)
     set_model_state_dict(model, state["model"], options=options)
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
     scheduler.load_state_dict(state["scheduler"])

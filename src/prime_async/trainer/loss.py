@@ -1,14 +1,19 @@
-"""Token-level importance-ratio losses, as pure functions of per-token tensors.
+"""Importance-ratio losses (token- and sequence-level), as pure functions of per-token tensors.
 
 Every loss sees one packed micro-batch as flat (T,) tensors:
-    logp           log pi_theta(a_t) at the sampling temperature (requires grad)
+    logp           log pi_theta(a_t) at the sampling temperature (requires grad); defined on loss tokens
+                   only (the trainer runs the LM head only where it predicts one), 0 elsewhere
     sampler_logp   log mu(a_t) recorded by the sampler (the behaviour policy, token by token)
     advantages     A_t (group-relative advantage of the token's sample)
     loss_mask      True exactly on sampled tokens
-    num_loss_tokens  loss tokens of the WHOLE batch (all micro-batches, all ranks)
+    sample_ids     index of the token's packed sample in the row (`packed_rows.sample_ids`: a sample starts
+                   where position_ids is 0); sequence-level losses group tokens by it
+    num_loss_tokens  loss tokens of the normalizing set: the whole batch (all micro-batches, all ranks), or
+                   the mini-batch when `optim.num_steps_per_batch` > 1
 and returns `LossOutput(loss, masked)`: `loss` is this micro-batch's share of the batch loss, i.e. a sum
 over its tokens divided by `num_loss_tokens`, so summing over micro-batches (and ranks) gives the batch
-loss; `masked` marks loss tokens the trust region removed from the gradient.
+loss; `masked` marks loss tokens the trust region removed from the gradient. A sample never spans two
+micro-batches, so a sequence-level loss sees each sample whole.
 
 With rho_t = exp(logp - sampler_logp), every built-in loss has gradient -A_t * grad(logp) / N on-policy
 (rho_t = 1), i.e. the policy gradient. Variants:
@@ -18,26 +23,47 @@ With rho_t = exp(logp - sampler_logp), every built-in loss has gradient -A_t * g
 - `m2po`: drop the tokens with the largest (log rho_t)^2 until the mean of (log rho_t)^2 over the kept
   loss tokens of the micro-batch is <= m2_threshold (Zheng et al. 2025 bound the batch second moment;
   here it is per micro-batch, which is stricter or equal per row); kept tokens contribute -rho_t * A_t.
-- `custom`: a function with the `LossFn` signature, loaded from `loss.import_path`.
+- `tis` (truncated IS, Yao et al. 2025): -sg(min(rho_t, cap)) A_t logp_t; nothing is masked.
+- `cispo` (MiniMax-M1 2025): -sg(clip(rho_t, 1-eps_low, 1+eps_high)) A_t logp_t; nothing is masked.
+- `gspo` (Zheng et al. 2025): ppo_clip's objective with the sequence ratio s_i = exp(mean_t log rho_t)
+  of the token's sample i in place of rho_t (differentiable); "masked" = clip active, per sample. Tokens
+  are summed, so the sequence objective is weighted by its loss tokens (token-mean, not seq-mean).
+- `mis` (Seq-MIS, Liu et al. 2025): samples whose prod_t rho_t leaves [ratio_low, ratio_high] are
+  masked; kept tokens contribute -sg(prod_t rho_t) A_t logp_t.
+- `custom`: a function with the `LossFn` signature, loaded from `loss.import_path` (it gets `sample_ids`
+  when its signature names it or takes **kwargs).
+("-w logp" above stands for -w * exp(logp - sg(logp)): the same gradient, and the value -w A_t.)
 
-Invariant: non-finite inputs (logp, sampler logprobs or advantages on loss tokens) raise
-`NonFiniteError` before any loss is formed.
+Invariants:
+- non-finite inputs (logp, sampler logprobs or advantages on loss tokens) raise `NonFiniteError` before any
+  loss is formed;
+- tokens without gradient (masked, dropped, non-loss) never reach `exp` with their log-ratio: it is
+  replaced by 0 first, so a huge log-ratio on such a token (exp overflows above ~88 in float32) leaves the
+  loss and every gradient finite and unchanged (a custom loss must follow the same rule); detached weights
+  are finite on every token (truncated, clipped, or exp of a masked-to-0 log-ratio);
+- every tensor a loss creates lives on its inputs' device.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from prime_async.config.trainer import (
+    CISPOLossConfig,
     CustomLossConfig,
+    GSPOLossConfig,
     M2POLossConfig,
     MaskLossConfig,
+    MISLossConfig,
     PPOClipLossConfig,
+    TISLossConfig,
 )
 
 logger = logging.getLogger(__name__)
@@ -64,6 +90,7 @@ class LossFn(Protocol):
         advantages: torch.Tensor,
         loss_mask: torch.Tensor,
         num_loss_tokens: int,
+        sample_ids: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> LossOutput: ...
 
@@ -76,30 +103,43 @@ def check_finite(logp: torch.Tensor, sampler_logp: torch.Tensor, advantages: tor
             raise NonFiniteError(f"{name} is NaN/inf on {int(bad.sum())} loss token(s)")
 
 
-def _ratio(logp: torch.Tensor, sampler_logp: torch.Tensor) -> torch.Tensor:
-    return torch.exp(logp - sampler_logp)
+def _live_ratio(log_ratio: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """exp(log_ratio) on `live` tokens, 1 elsewhere. The mask is applied before `exp`: a token dropped
+    afterwards (by indexing or `where`) still gets exp's backward, and 0 * exp(89.) = 0 * inf = NaN."""
+    return torch.exp(torch.where(live, log_ratio, torch.zeros_like(log_ratio)))
 
 
 def mask_loss(
     *, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, ratio_low, ratio_high
 ) -> LossOutput:
-    rho = _ratio(logp, sampler_logp)
-    masked = loss_mask & ((rho.detach() < ratio_low) | (rho.detach() > ratio_high))
+    log_ratio = logp - sampler_logp
+    rho_d = torch.exp(log_ratio.detach())  # may overflow to inf: only compared, never differentiated
+    masked = loss_mask & ((rho_d < ratio_low) | (rho_d > ratio_high))
     keep = loss_mask & ~masked
-    loss = -(rho * advantages)[keep].sum() / num_loss_tokens
+    loss = -(_live_ratio(log_ratio, keep) * advantages)[keep].sum() / num_loss_tokens
+    return LossOutput(loss=loss, masked=masked)
+
+
+def clipped_surrogate(
+    log_ratio: torch.Tensor, advantages, loss_mask, num_loss_tokens, clip_low, clip_high
+) -> LossOutput:
+    """-min(r A, clip(r, 1-clip_low, 1+clip_high) A) per loss token, r = exp(log_ratio) (differentiable);
+    "masked" = clip active (a constant term, no gradient)."""
+    r_d = torch.exp(log_ratio.detach())  # may overflow to inf: only compared, never differentiated
+    clipped_d = torch.clamp(r_d, 1 - clip_low, 1 + clip_high) * advantages
+    masked = loss_mask & (clipped_d < r_d * advantages)
+    # A = 0 tokens contribute 0 either way; excluding them keeps inf * 0 out of the forward pass.
+    r = _live_ratio(log_ratio, loss_mask & ~masked & (advantages != 0))
+    live_term = -torch.minimum(r * advantages, torch.clamp(r, 1 - clip_low, 1 + clip_high) * advantages)
+    per_token = torch.where(masked, -clipped_d, live_term)
+    loss = per_token[loss_mask].sum() / num_loss_tokens
     return LossOutput(loss=loss, masked=masked)
 
 
 def ppo_clip_loss(
     *, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, clip_low, clip_high
 ) -> LossOutput:
-    rho = _ratio(logp, sampler_logp)
-    unclipped = rho * advantages
-    clipped = torch.clamp(rho, 1 - clip_low, 1 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
-    masked = loss_mask & (clipped.detach() < unclipped.detach())
-    loss = per_token[loss_mask].sum() / num_loss_tokens
-    return LossOutput(loss=loss, masked=masked)
+    return clipped_surrogate(logp - sampler_logp, advantages, loss_mask, num_loss_tokens, clip_low, clip_high)
 
 
 def m2po_keep_mask(log_ratio: torch.Tensor, loss_mask: torch.Tensor, m2_threshold: float) -> torch.Tensor:
@@ -110,7 +150,8 @@ def m2po_keep_mask(log_ratio: torch.Tensor, loss_mask: torch.Tensor, m2_threshol
     if idx.numel() == 0:
         return keep
     sorted_sq, order = torch.sort(sq[idx])
-    prefix_mean = torch.cumsum(sorted_sq, 0) / torch.arange(1, idx.numel() + 1, dtype=sq.dtype)
+    counts = torch.arange(1, idx.numel() + 1, dtype=sq.dtype, device=sq.device)
+    prefix_mean = torch.cumsum(sorted_sq, 0) / counts
     num_keep = int((prefix_mean <= m2_threshold).sum())  # prefix means of sorted values are non-decreasing
     keep[idx[order[:num_keep]]] = True
     return keep
@@ -119,7 +160,60 @@ def m2po_keep_mask(log_ratio: torch.Tensor, loss_mask: torch.Tensor, m2_threshol
 def m2po_loss(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, m2_threshold) -> LossOutput:
     log_ratio = logp - sampler_logp
     keep = m2po_keep_mask(log_ratio, loss_mask, m2_threshold)
-    loss = -(torch.exp(log_ratio) * advantages)[keep].sum() / num_loss_tokens
+    loss = -(_live_ratio(log_ratio, keep) * advantages)[keep].sum() / num_loss_tokens
+    return LossOutput(loss=loss, masked=loss_mask & ~keep)
+
+
+def weighted_policy_gradient(logp, weight, advantages, keep, num_loss_tokens) -> torch.Tensor:
+    """sum over `keep` of -w_t A_t exp(logp_t - sg(logp_t)) / N: value -w A, gradient -w A grad(logp).
+    `weight` is detached and must be finite on every token (a dropped token's backward is 0 * weight)."""
+    unit = torch.exp(logp - logp.detach())  # exactly 1, with the gradient of logp
+    return -(weight.detach() * advantages * unit)[keep].sum() / num_loss_tokens
+
+
+def tis_loss(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, cap) -> LossOutput:
+    weight = torch.clamp(torch.exp((logp - sampler_logp).detach()), max=cap)  # inf -> cap
+    loss = weighted_policy_gradient(logp, weight, advantages, loss_mask, num_loss_tokens)
+    return LossOutput(loss=loss, masked=torch.zeros_like(loss_mask))
+
+
+def cispo_loss(
+    *, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, clip_low, clip_high
+) -> LossOutput:
+    weight = torch.clamp(torch.exp((logp - sampler_logp).detach()), 1 - clip_low, 1 + clip_high)
+    loss = weighted_policy_gradient(logp, weight, advantages, loss_mask, num_loss_tokens)
+    return LossOutput(loss=loss, masked=torch.zeros_like(loss_mask))
+
+
+def per_sample_log_ratio(
+    log_ratio: torch.Tensor, loss_mask: torch.Tensor, sample_ids: torch.Tensor, *, mean: bool
+) -> torch.Tensor:
+    """(T,): for every token, the sum (or mean) of log_ratio over its sample's loss tokens.
+    Differentiable; a sample without loss tokens gets 0."""
+    num_samples = int(sample_ids.max()) + 1 if sample_ids.numel() else 0
+    zeros = torch.zeros(num_samples, dtype=log_ratio.dtype, device=log_ratio.device)
+    live = torch.where(loss_mask, log_ratio, torch.zeros_like(log_ratio))
+    per_sample = zeros.index_add(0, sample_ids, live)
+    if mean:
+        counts = zeros.index_add(0, sample_ids, loss_mask.to(log_ratio.dtype))
+        per_sample = per_sample / counts.clamp(min=1)
+    return per_sample[sample_ids]
+
+
+def gspo_loss(
+    *, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, sample_ids, clip_low, clip_high
+) -> LossOutput:
+    seq_log_ratio = per_sample_log_ratio(logp - sampler_logp, loss_mask, sample_ids, mean=True)
+    return clipped_surrogate(seq_log_ratio, advantages, loss_mask, num_loss_tokens, clip_low, clip_high)
+
+
+def mis_loss(
+    *, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, sample_ids, ratio_low, ratio_high
+) -> LossOutput:
+    seq_log_ratio = per_sample_log_ratio((logp - sampler_logp).detach(), loss_mask, sample_ids, mean=False)
+    keep = loss_mask & (seq_log_ratio >= math.log(ratio_low)) & (seq_log_ratio <= math.log(ratio_high))
+    weight = torch.exp(torch.where(keep, seq_log_ratio, torch.zeros_like(seq_log_ratio)))
+    loss = weighted_policy_gradient(logp, weight, advantages, keep, num_loss_tokens)
     return LossOutput(loss=loss, masked=loss_mask & ~keep)
 
 
@@ -134,34 +228,63 @@ def load_custom_loss(import_path: str) -> LossFn:
     return fn
 
 
+def _accepts_sample_ids(fn: LossFn) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins / C callables without a signature
+        return False
+    return any(p.name == "sample_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+SEQUENCE_LEVEL = (GSPOLossConfig, MISLossConfig)
+
+
+def _bind(cfg) -> tuple[LossFn, dict[str, Any]]:
+    """The configured variant's function and hyper-parameters."""
+    if isinstance(cfg, MaskLossConfig):
+        return mask_loss, {"ratio_low": cfg.ratio_low, "ratio_high": cfg.ratio_high}
+    if isinstance(cfg, PPOClipLossConfig):
+        return ppo_clip_loss, {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high}
+    if isinstance(cfg, M2POLossConfig):
+        return m2po_loss, {"m2_threshold": cfg.m2_threshold}
+    if isinstance(cfg, TISLossConfig):
+        return tis_loss, {"cap": cfg.cap}
+    if isinstance(cfg, CISPOLossConfig):
+        return cispo_loss, {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high}
+    if isinstance(cfg, GSPOLossConfig):
+        return gspo_loss, {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high}
+    if isinstance(cfg, MISLossConfig):
+        return mis_loss, {"ratio_low": cfg.ratio_low, "ratio_high": cfg.ratio_high}
+    if isinstance(cfg, CustomLossConfig):
+        return load_custom_loss(cfg.import_path), dict(cfg.kwargs)
+    raise AssertionError(f"unhandled loss config {type(cfg).__name__}")
+
+
 def build_loss_fn(cfg) -> LossFn:
     """Bind the configured variant's hyper-parameters: returns a `LossFn`."""
-    if isinstance(cfg, MaskLossConfig):
-        kwargs, fn = {"ratio_low": cfg.ratio_low, "ratio_high": cfg.ratio_high}, mask_loss
-    elif isinstance(cfg, PPOClipLossConfig):
-        kwargs, fn = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high}, ppo_clip_loss
-    elif isinstance(cfg, M2POLossConfig):
-        kwargs, fn = {"m2_threshold": cfg.m2_threshold}, m2po_loss
-    elif isinstance(cfg, CustomLossConfig):
-        kwargs, fn = dict(cfg.kwargs), load_custom_loss(cfg.import_path)
-    else:
-        raise AssertionError(f"unhandled loss config {type(cfg).__name__}")
+    fn, kwargs = _bind(cfg)
+    needs_samples = isinstance(cfg, SEQUENCE_LEVEL)
+    passes_samples = needs_samples or (isinstance(cfg, CustomLossConfig) and _accepts_sample_ids(fn))
 
-    def loss_fn(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens) -> LossOutput:
+    def loss_fn(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, sample_ids=None) -> LossOutput:
         if num_loss_tokens < 1:
             raise ValueError(
                 "num_loss_tokens must be >= 1 (a batch without sampled tokens cannot be trained)"
             )
+        if needs_samples and (sample_ids is None or sample_ids.shape != logp.shape):
+            raise ValueError(f"loss.type = {cfg.type!r} is sequence-level: it needs sample_ids of shape (T,)")
         check_finite(logp, sampler_logp, advantages, loss_mask)
         # Non-loss positions may hold placeholders; zero them so they cannot leak NaN into gradients.
         sampler_logp = torch.where(loss_mask, sampler_logp, logp.detach())
         advantages = torch.where(loss_mask, advantages, torch.zeros_like(advantages))
+        extra = {"sample_ids": sample_ids} if passes_samples else {}
         out = fn(
             logp=logp,
             sampler_logp=sampler_logp,
             advantages=advantages,
             loss_mask=loss_mask,
             num_loss_tokens=num_loss_tokens,
+            **extra,
             **kwargs,
         )
         if not isinstance(out, LossOutput):
@@ -169,103 +292,3 @@ def build_loss_fn(cfg) -> LossFn:
         return out
 
     return loss_fn
-
-
-def reduce_device() -> torch.device:
-    """Device for collectives of small CPU-side values: NCCL only reduces CUDA tensors."""
-    import torch.distributed as dist
-
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-@dataclass
-class TokenStats:
-    """Additive per-batch statistics of the ratio (merged over micro-batches and ranks)."""
-
-    num_tokens: torch.Tensor
-    num_masked: torch.Tensor
-    ratio_sum: torch.Tensor
-    ratio_sq_sum: torch.Tensor
-    ratio_min: torch.Tensor
-    ratio_max: torch.Tensor
-    kl_sum: torch.Tensor
-    entropy_sum: torch.Tensor
-
-    @staticmethod
-    def empty() -> TokenStats:
-        z = torch.zeros((), dtype=torch.float64)
-        return TokenStats(
-            z, z, z, z, torch.tensor(float("inf")).double(), torch.tensor(-float("inf")).double(), z, z
-        )
-
-    @staticmethod
-    def of(logp, sampler_logp, loss_mask, masked, entropy) -> TokenStats:
-        with torch.no_grad():  # statistics live on the CPU (a few scalars per micro-batch)
-            log_ratio = (logp - sampler_logp)[loss_mask].double().cpu()
-            rho = torch.exp(log_ratio)
-            stats = TokenStats.empty()
-            if rho.numel() == 0:
-                return stats
-            return TokenStats(
-                num_tokens=torch.tensor(float(rho.numel()), dtype=torch.float64),
-                num_masked=masked[loss_mask].sum().double().cpu(),
-                ratio_sum=rho.sum(),
-                ratio_sq_sum=rho.pow(2).sum(),
-                ratio_min=rho.min(),
-                ratio_max=rho.max(),
-                # k3 estimator of KL(mu || pi_theta) on tokens sampled from mu: rho - 1 - log rho >= 0
-                kl_sum=(rho - 1 - log_ratio).sum(),
-                entropy_sum=entropy[loss_mask].double().sum().cpu(),
-            )
-
-    def merge(self, other: TokenStats) -> TokenStats:
-        return TokenStats(
-            self.num_tokens + other.num_tokens,
-            self.num_masked + other.num_masked,
-            self.ratio_sum + other.ratio_sum,
-            self.ratio_sq_sum + other.ratio_sq_sum,
-            torch.minimum(self.ratio_min, other.ratio_min),
-            torch.maximum(self.ratio_max, other.ratio_max),
-            self.kl_sum + other.kl_sum,
-            self.entropy_sum + other.entropy_sum,
-        )
-
-    def all_reduce(self) -> TokenStats:
-        """Merge across data-parallel ranks (no-op without a process group)."""
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return self
-        device = reduce_device()
-        sums = torch.stack(
-            [
-                self.num_tokens,
-                self.num_masked,
-                self.ratio_sum,
-                self.ratio_sq_sum,
-                self.kl_sum,
-                self.entropy_sum,
-            ]
-        )
-        sums, mn, mx = sums.to(device), self.ratio_min.to(device), self.ratio_max.to(device)
-        dist.all_reduce(sums)
-        dist.all_reduce(mn, op=dist.ReduceOp.MIN)
-        dist.all_reduce(mx, op=dist.ReduceOp.MAX)
-        sums, mn, mx = sums.cpu(), mn.cpu(), mx.cpu()
-        return TokenStats(sums[0], sums[1], sums[2], sums[3], mn, mx, sums[4], sums[5])
-
-    def metrics(self) -> dict[str, float]:
-        n = max(float(self.num_tokens), 1.0)
-        mean = float(self.ratio_sum) / n
-        var = max(float(self.ratio_sq_sum) / n - mean**2, 0.0)
-        return {
-            "mismatch_kl": float(self.kl_sum) / n,
-            "ratio/mean": mean,
-            "ratio/std": var**0.5,
-            "ratio/min": float(self.ratio_min) if self.num_tokens > 0 else 0.0,
-            "ratio/max": float(self.ratio_max) if self.num_tokens > 0 else 0.0,
-            "masked_fraction": float(self.num_masked) / n,
-            "entropy": float(self.entropy_sum) / n,
-        }

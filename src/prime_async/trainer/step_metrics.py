@@ -1,9 +1,9 @@
-"""Per-step timing metrics and the console line, shared by the fsdp and megatron training loops."""
+"""Per-step metrics of the trainer loop (`trainer/train.py`): timings, the console line, the monitor."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 from prime_async.transport.zmq_batches import RankBatch
 
@@ -34,32 +34,6 @@ def log_step(logger: logging.Logger, step: int, metrics: dict[str, Any]) -> None
         metrics["optim/grad_norm"],
         metrics["perf/tokens_per_s"],
     )
-
-
-class SteppingTrainer(Protocol):
-    """What `run_steps` needs of a training loop (fsdp `Trainer`, megatron `MegatronTrainer`)."""
-
-    step: int
-    max_steps: int | None
-    monitor: Any
-    receiver: Any
-
-    def run_step(self) -> dict[str, Any]: ...
-
-
-def run_steps(trainer: SteppingTrainer, logger: logging.Logger) -> None:
-    """Train until `max_steps` (forever if None), logging each step; always closes receiver and monitor."""
-    try:
-        while trainer.max_steps is None or trainer.step < trainer.max_steps:
-            n = trainer.step
-            metrics = trainer.run_step()
-            if trainer.monitor is not None:
-                trainer.monitor.log(metrics, step=n)
-                log_step(logger, n, metrics)
-    finally:
-        trainer.receiver.close()
-        if trainer.monitor is not None:
-            trainer.monitor.close()
 
 
 def build_monitor(cfg: Any) -> Any:

@@ -8,12 +8,11 @@ Invariants:
 - it holds `model.safetensors` (tied weights stored once, as `save_pretrained` does), `config.json`,
   `generation_config.json` and the tokenizer files of the source model: loadable by transformers'
   `from_pretrained` and SGLang's `/update_weights_from_disk`;
+- with LoRA (`publish_adapter`) a version directory is a PEFT adapter directory instead:
+  `adapter_config.json` + `adapter_model.safetensors` (+ `STABLE`), written by the same tmp-rename rule;
 - retention: the `keep_last` (>= 2) newest versions are never deleted, so the version the orchestrator is
   loading (the newest) and the one before it (possibly still being loaded by a slow engine) survive;
   versions of checkpoint steps are kept too; everything older is deleted.
-
-`WeightBroadcastHook` is the hook point for an in-memory NCCL broadcast to GPU engines; only the
-filesystem path is implemented here (`NcclBroadcastHook` is an interface stub that refuses to run).
 """
 
 from __future__ import annotations
@@ -23,14 +22,21 @@ import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from safetensors.torch import save_file
 
+from prime_async.broadcasts import (
+    STABLE,
+    broadcasts_root,
+    install_version,
+    remove_version,
+    version_dir,
+    versions,
+)
+
 logger = logging.getLogger(__name__)
 
-STABLE = "STABLE"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -44,26 +50,8 @@ TOKENIZER_FILES = (
 )
 
 
-class WeightBroadcastHook(Protocol):
-    """Called on every rank after a version is published (e.g. NCCL broadcast to inference engines)."""
-
-    def on_weights(self, *, version: int, model: torch.nn.Module) -> None: ...
-
-
-class NcclBroadcastHook:
-    """Interface only: an NCCL weight broadcast to engines is not implemented yet (filesystem is)."""
-
-    def on_weights(self, *, version: int, model: torch.nn.Module) -> None:
-        raise NotImplementedError("NCCL weight broadcast is not implemented; use the filesystem broadcasts")
-
-
 def broadcast_dir(output_dir: Path, version: int) -> Path:
-    return Path(output_dir) / "broadcasts" / f"step_{version}"
-
-
-def _step_of(path: Path) -> int | None:
-    name = path.name
-    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+    return version_dir(broadcasts_root(output_dir), version)
 
 
 def _fsync_dir_files(path: Path) -> None:
@@ -101,16 +89,31 @@ class WeightPublisher:
                 shutil.copy2(self.source_dir / name, tmp / name)
         _fsync_dir_files(tmp)
         (tmp / STABLE).write_text(f"{version}\n")
-        if final.exists():  # re-published after a resume: replace the old copy of the same version
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        install_version(self.root, version, tmp)  # atomic also when re-publishing an existing version
+        self.prune(protected)
+        return final
+
+    def publish_adapter(
+        self, config, tensors: dict[str, torch.Tensor], version: int, *, protected: Iterable[int] = ()
+    ) -> Path:
+        """Write version `version` as a PEFT adapter directory (rank 0 only), then prune."""
+        from prime_async.trainer.lora import write_adapter
+
+        tmp = self.root / f".tmp_step_{version}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_adapter(tmp, config, tensors)
+        _fsync_dir_files(tmp)
+        (tmp / STABLE).write_text(f"{version}\n")
+        final = install_version(self.root, version, tmp)
         self.prune(protected)
         return final
 
     def prune(self, protected: Iterable[int] = ()) -> list[int]:
-        versions = sorted(s for p in self.root.iterdir() if (s := _step_of(p)) is not None)
-        keep = set(versions[-self.keep_last :]) | set(protected)
-        removed = [v for v in versions if v not in keep]
+        """Keep the `keep_last` newest versions and `protected` ones. Newest by number is newest in the
+        run's history, because a rollback discards the versions after it (`broadcasts.discard_after`)."""
+        published = versions(self.root)
+        keep = set(published[-self.keep_last :]) | set(protected)
+        removed = [v for v in published if v not in keep]
         for v in removed:
-            shutil.rmtree(self.root / f"step_{v}", ignore_errors=True)
+            remove_version(self.root, v)
         return removed

@@ -62,3 +62,4 @@ class TrainBatch:
     temperature: float
     min_dispatch_version: int
     metrics: dict[str, float] = field(default_factory=dict)
+    max_dispatch_version: int = -1  # newest group's (-1 = unknown): the trainer refuses one > step

@@ -62,6 +62,7 @@ class BatchHeader(msgspec.Struct, tag="batch", frozen=True):
     min_dispatch_version: int
     metrics: dict[str, float] = {}
     protocol: int = PROTOCOL_VERSION
+    max_dispatch_version: int = -1  # newest group's; -1 = not reported (older senders)
 
 
 class ErrorReply(msgspec.Struct, tag="error", frozen=True):
@@ -112,6 +113,7 @@ def encode_rank_slice(batch: TrainBatch, rank: int) -> list[bytes | memoryview]:
         num_loss_tokens=batch.num_loss_tokens,
         temperature=batch.temperature,
         min_dispatch_version=batch.min_dispatch_version,
+        max_dispatch_version=batch.max_dispatch_version,
         metrics=dict(batch.metrics),
     )
     return [_encoder.encode(header), *frames]

@@ -58,6 +58,7 @@ class RankBatch:
     temperature: float
     min_dispatch_version: int
     metrics: dict[str, float] = field(default_factory=dict)
+    max_dispatch_version: int = -1  # -1 = not reported
 
     @property
     def max_micro_batches(self) -> int:
@@ -89,12 +90,30 @@ class BatchSender:
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable peer -> error, not a silent drop
         self._router.setsockopt(zmq.LINGER, 0)
-        self._router.bind(f"tcp://{cfg.host}:{cfg.port}")
+        self._bind_router(cfg)
         self._wake_push = self._ctx.socket(zmq.PUSH)
         self._wake_push.connect(self._wake_addr)
         self._thread = threading.Thread(target=self._serve, name="batch-sender", daemon=True)
         self._thread.start()
         logger.info("batch sender bound to tcp://%s:%d for %d rank(s)", cfg.host, cfg.port, num_ranks)
+
+    def _bind_router(self, cfg: TransportConfig) -> None:
+        """Bind the ROUTER; a taken or unset port is a user error named in one line (ValueError)."""
+        if cfg.port == 0:
+            self._close_sockets()
+            raise ValueError("transport.port = 0 (a free port) works only under `rl`: give a port")
+        try:
+            self._router.bind(f"tcp://{cfg.host}:{cfg.port}")
+        except zmq.ZMQError as exc:
+            self._close_sockets()
+            raise ValueError(
+                f"transport.port = {cfg.port} on {cfg.host}: {exc} (another run's orchestrator?): choose "
+                "another port, or run under `rl` with port = 0"
+            ) from None
+
+    def _close_sockets(self) -> None:
+        self._router.close(linger=0)
+        self._wake_pull.close(linger=0)
 
     # -- main-thread API -------------------------------------------------------------------------------
     def wait_ready(self, timeout: float | None = None) -> None:
@@ -278,6 +297,7 @@ class BatchReceiver:
             num_loss_tokens=header.num_loss_tokens,
             temperature=header.temperature,
             min_dispatch_version=header.min_dispatch_version,
+            max_dispatch_version=header.max_dispatch_version,
             metrics=dict(header.metrics),
         )
 

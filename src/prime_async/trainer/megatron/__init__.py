@@ -1,7 +1,7 @@
 """Megatron-core trainer backend (`trainer.backend = "megatron"`, optional extra `megatron`).
 
 Same contract as the FSDP2 backend: the same `RankBatch`es from the orchestrator, the same loss
-(`trainer/loss.py::build_loss_fn`) and logprob code (`trainer/train.py::packed_logprobs`), the same
+(`trainer/loss.py::build_loss_fn`) and logprob code (`trainer/packed_rows.py::packed_logprobs`), the same
 publisher writing HF safetensors to `broadcasts/step_{n}/`. What differs is the model: a megatron-core
 `GPTModel` built from the HF config, split by tensor and pipeline parallelism.
 
@@ -10,8 +10,9 @@ Modules:
             embeddings, fused QKV per query group, [gate; up] per TP rank, vocabulary padding);
 - `model`   parallel state, GPTModel (local layer spec), HF weights in, HF weights out;
 - `batch`   packed rows -> right-padded (B, S) batches and back (megatron's RoPE ignores position_ids);
-- `backend` megatron DDP + distributed optimizer + forward/backward schedule + the shared loss;
-- `loop`    the trainer loop (`run_megatron`), entered from `trainer/train.py::run`.
+- `backend` megatron DDP + distributed optimizer + forward/backward schedule + the shared loss: the
+            `TrainBackend` the one trainer loop (`trainer/train.py`) builds for `backend = "megatron"`;
+- `cuda_kernels` hides CUDA-only kernel packages that cannot load on this machine from megatron-core.
 
 GPU path (one 8-GPU node): `uv sync --extra megatron --inexact`, then
 `torchrun --nproc-per-node 8 -m prime_async.entrypoints.trainer @ configs/gpu/trainer_megatron.toml`
@@ -23,4 +24,13 @@ batch into one share per process; the TP/PP ranks of a replica gather their shar
 Limits (checked at config validation): dense Llama/Qwen2/Qwen3 only (no MoE mapping yet, so expert
 parallel is 1), no sequence parallelism (needs TransformerEngine specs), no full-state checkpoints.
 On CPU the tests run this same code through a shim (`tests/megatron/cpu_shim.py`), never in product code.
+
+Importing this package first runs `cuda_kernels.hide_unloadable_kernels()`: CUDA-only kernels that the
+`sglang` extra installs (`flash_mla`) raise OSError on a machine without the CUDA driver, which
+megatron-core's import does not survive; hidden, they look absent to it, so both extras share one
+environment.
 """
+
+from prime_async.trainer.megatron.cuda_kernels import hide_unloadable_kernels
+
+hide_unloadable_kernels()

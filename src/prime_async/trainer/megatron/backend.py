@@ -1,20 +1,25 @@
 """The megatron-core training backend: one object per rank that trains on `TrainBatch`es.
 
-Called by the trainer loop when `trainer.backend = "megatron"` (`trainer/train.py` owns the loop: receiving
-batches, metrics, publishing). This module owns only what differs from FSDP2:
+A `TrainBackend` (`trainer/backend.py`), built by the one trainer loop (`trainer/train.py`, which owns
+receiving batches, metrics, publishing) when `trainer.backend = "megatron"`. This module owns only what
+differs from FSDP2:
 
     HF dir ──load_hf_weights──► GPTModel (TP/PP shards) ──megatron DDP──► distributed optimizer
-    TrainBatch ─► this DP rank's micro-batches ─► megatron schedule (forward/backward, 1F1B when PP > 1)
+    TrainBatch ─► this DP rank's micro-batches ─► optim.num_steps_per_batch mini-batches
+             (`trainer/mini_batches.py`), each: megatron schedule (forward/backward, 1F1B when PP > 1),
+             then one optimizer step
              └─► per micro-batch: unpack ─► logits ─► logp ─► shared loss (`trainer/loss.py`)
     export_hf_state_dict() ─► HF names on global rank 0 ─► the same publisher as FSDP2
 
 Invariants:
 - the loss is the shared `build_loss_fn` (no copy): each micro-batch's loss is already its share of the
-  batch loss (divided by the batch's loss tokens), so megatron must neither average over micro-batches nor
-  over data-parallel ranks: `calculate_per_token_loss=True` makes DDP sum gradients, and the finalize hook
-  is called without a token count;
+  mini-batch loss (divided by the mini-batch's loss tokens over all replicas; the batch's with one step per
+  batch), so megatron must neither average over micro-batches nor
+  over data-parallel ranks: `calculate_per_token_loss=True` (set when the model config is built, before
+  DDP reads it) makes DDP sum gradients, and the finalize hook is called without a token count;
 - a non-finite gradient norm raises before the optimizer updates anything;
-- every rank of one data-parallel replica (its TP and PP ranks) trains on the same micro-batches.
+- every rank of one data-parallel replica (its TP and PP ranks) trains on the same micro-batches;
+- no full-state checkpoints yet: `from_config` refuses `resume` and `ckpt.interval` before building anything.
 """
 
 from __future__ import annotations
@@ -22,10 +27,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
+import socket
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -38,8 +42,8 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from prime_async.config.megatron import MegatronConfig, read_hf_config, validate_megatron_setup
-from prime_async.config.trainer import OptimConfig
-from prime_async.trainer.loss import LossFn, TokenStats
+from prime_async.config.trainer import OptimConfig, TrainerConfig
+from prime_async.trainer.loss import LossFn, build_loss_fn
 from prime_async.trainer.megatron.batch import PaddedBatch, pack_logits, unpack
 from prime_async.trainer.megatron.model import (
     build_gpt_model,
@@ -47,8 +51,13 @@ from prime_async.trainer.megatron.model import (
     init_parallel_state,
     load_hf_weights,
 )
-from prime_async.trainer.train import lr_factor, packed_logprobs
+from prime_async.trainer.mini_batches import OffPolicyClock, plan_mini_batches
+from prime_async.trainer.optim import lr_factor
+from prime_async.trainer.packed_rows import logit_rows, padding_micro_batch, sample_ids, scatter_rows
+from prime_async.trainer.token_stats import TokenStats
 from prime_async.transport.types import MicroBatch
+from prime_async.transport.zmq_batches import RankBatch
+from prime_async.utils.dtypes import resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +77,16 @@ def replica_micro_batches(own: list[MicroBatch]) -> list[MicroBatch]:
     return [mb for share in shares for mb in share or []]
 
 
-def padding_micro_batch() -> MicroBatch:
-    """Two tokens, no loss token: keeps a replica without data in step with the collectives."""
-    return MicroBatch(
-        input_ids=np.zeros(2, dtype=np.int32),
-        position_ids=np.arange(2, dtype=np.int32),
-        loss_mask=np.zeros(2, dtype=np.bool_),
-        advantages=np.zeros(2, dtype=np.float32),
-        sampler_logprobs=np.zeros(2, dtype=np.float32),
-        token_versions=np.full(2, -1, dtype=np.int32),
-    )
+NO_CHECKPOINTS = "trainer.backend = 'megatron' has no checkpoints yet: unset ckpt.interval and resume"
+
+
+def _init_single_process_group(device: torch.device) -> None:
+    """megatron-core needs a process group even at world size 1 (outside torchrun)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
 class MegatronBackend:
@@ -96,7 +105,7 @@ class MegatronBackend:
     ) -> None:
         assert dist.is_initialized(), "MegatronBackend needs torch.distributed initialised (torchrun)"
         self.cfg, self.optim_cfg, self.loss_fn = megatron, optim, loss_fn
-        self.device, self.max_steps = device, max_steps
+        self.device, self.max_steps, self.model_path = device, max_steps, model_path
         validate_megatron_setup(megatron, model_path)
         self.hf_config = read_hf_config(model_path)
         init_parallel_state(megatron)
@@ -113,7 +122,26 @@ class MegatronBackend:
             sum(p.numel() for p in self.model.parameters()),
         )
 
+    @classmethod
+    def from_config(cls, cfg: TrainerConfig, device: torch.device) -> MegatronBackend:
+        """The backend of the trainer loop; refuses checkpoint settings before building anything."""
+        if cfg.resume or cfg.ckpt.interval is not None:
+            raise ValueError(NO_CHECKPOINTS)
+        if not dist.is_initialized():
+            _init_single_process_group(device)
+        return cls(
+            megatron=cfg.megatron,
+            model_path=cfg.model.path,
+            optim=cfg.optim,
+            loss_fn=build_loss_fn(cfg.loss),
+            dtype=resolve_dtype(cfg.model.dtype, device),
+            device=device,
+            max_steps=cfg.max_steps,
+        )
+
     def _wrap_ddp(self) -> DistributedDataParallel:
+        # DDP picks its gradient scaling (sum vs. average over data-parallel ranks) in its constructor.
+        assert self.model.config.calculate_per_token_loss, "DDP would average gradients over DP ranks"
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=self.cfg.overlap_grad_reduce,
@@ -139,9 +167,8 @@ class MegatronBackend:
 
     def _configure_schedule_hooks(self) -> None:
         config = self.model.config
-        # Our loss is already normalised by the batch's loss tokens: no division by micro-batches, and
-        # DDP sums (instead of averaging) gradients over data-parallel ranks.
-        config.calculate_per_token_loss = True
+        # `calculate_per_token_loss` (set in `transformer_config`): no division by micro-batches, DDP sums
+        # gradients; the finalize hook must not divide by a token count either.
         config.finalize_model_grads_func = partial(_finalize_without_token_scaling)
         config.no_sync_func = self.ddp.no_sync
         config.grad_sync_func = None
@@ -153,21 +180,26 @@ class MegatronBackend:
     def _seq_multiple(self) -> int:
         return self.cfg.tensor_parallel_size if self.model.config.sequence_parallel else 1
 
-    def _forward_step(self, data_iterator, model, *, temperature: float, num_loss_tokens: int):
+    def _forward_step(self, data_iterator, model, *, temperature: float, num_loss_tokens: int, distance):
         mb, padded = next(data_iterator)
         logits_bsv = model(padded.input_ids, padded.position_ids, attention_mask=padded.attention_mask)
-        return logits_bsv, partial(self._loss, mb, padded, temperature, num_loss_tokens)
+        return logits_bsv, partial(self._loss, mb, padded, temperature, num_loss_tokens, distance(mb))
 
     def _loss(
-        self, mb: MicroBatch, padded: PaddedBatch, temperature: float, num_loss_tokens: int, logits_bsv
+        self,
+        mb: MicroBatch,
+        padded: PaddedBatch,
+        temperature: float,
+        num_loss_tokens: int,
+        effective_steps: np.ndarray,
+        logits_bsv,
     ):
         logits_tv = pack_logits(logits_bsv, padded, self.vocab_size)
         input_ids = torch.from_numpy(mb.input_ids.astype(np.int64)).to(self.device)
-        # The FSDP path's own logits -> (logp, entropy) code, fed with our logits: one definition for both.
-        logp, entropy = packed_logprobs(
-            lambda **_: SimpleNamespace(logits=logits_tv[None]), input_ids, input_ids, temperature
-        )
         loss_mask = torch.from_numpy(mb.loss_mask).to(self.device)
+        # The FSDP path's own logits -> (logp, entropy) code, fed with our logits: one definition for both.
+        rows = logit_rows(input_ids.shape[0], loss_mask, self.device)
+        logp, entropy = scatter_rows(logits_tv[rows], rows, input_ids, temperature)
         sampler_logp = torch.from_numpy(mb.sampler_logprobs).to(self.device)
         out = self.loss_fn(
             logp=logp,
@@ -175,33 +207,34 @@ class MegatronBackend:
             advantages=torch.from_numpy(mb.advantages).to(self.device),
             loss_mask=loss_mask,
             num_loss_tokens=num_loss_tokens,
+            sample_ids=torch.from_numpy(sample_ids(mb.position_ids)).to(self.device),
         )
         stats = TokenStats.of(
-            logp.detach().cpu(), sampler_logp.cpu(), loss_mask.cpu(), out.masked.cpu(), entropy.cpu()
+            logp.detach().cpu(),
+            sampler_logp.cpu(),
+            loss_mask.cpu(),
+            out.masked.cpu(),
+            entropy.cpu(),
+            effective_steps,
         )
         one = torch.ones((), dtype=torch.int, device=self.device)
-        return out.loss, one, {"loss": out.loss.detach(), "stats": stats}
+        loss_sum = out.loss.detach() * num_loss_tokens  # the token sum: mini-batches are summed by it
+        return out.loss, one, {"loss_sum": loss_sum, "stats": stats}
 
-    def train_step(
-        self, micro_batches: list[MicroBatch], *, num_loss_tokens: int, temperature: float, step: int
-    ) -> dict[str, float]:
-        """Forward/backward over this replica's micro-batches and one optimizer step; returns metrics.
-
-        `num_loss_tokens` counts the loss tokens of the whole batch (all replicas), as in `RankBatch`.
-        """
-        if num_loss_tokens < 1:
-            raise ValueError(f"batch {step} has no loss tokens")
-        start = time.perf_counter()
-        mbs = list(micro_batches) or [padding_micro_batch()]
+    def _forward_backward(
+        self, mbs: list[MicroBatch], *, num_loss_tokens: int, temperature: float, distance
+    ) -> list[dict[str, Any]]:
+        """Forward/backward of one mini-batch (a padding row if this replica has none of it)."""
+        mbs = mbs or [padding_micro_batch()]
         data = iter([(mb, unpack(mb, seq_multiple=self._seq_multiple(), device=self.device)) for mb in mbs])
-        lr = self.optim_cfg.lr * lr_factor(self.optim_cfg, step, self.max_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        results = get_forward_backward_func()(
+        return get_forward_backward_func()(
             forward_step_func=partial(
-                self._forward_step, temperature=temperature, num_loss_tokens=num_loss_tokens
+                self._forward_step,
+                temperature=temperature,
+                num_loss_tokens=num_loss_tokens,
+                distance=distance,
             ),
             data_iterator=data,
             model=[self.ddp],
@@ -210,18 +243,55 @@ class MegatronBackend:
             micro_batch_size=1,
             forward_only=False,
         )
-        grad_norm = self._optimizer_step()
-        return self._metrics(
-            results, grad_norm, lr, sum(mb.num_tokens for mb in mbs), time.perf_counter() - start
-        )
 
-    def train_rank_batch(self, batch, step: int) -> dict[str, float]:
+    def train_step(
+        self,
+        micro_batches: list[MicroBatch],
+        *,
+        num_loss_tokens: int,
+        temperature: float,
+        step: int,
+        min_dispatch_version: int | None = None,
+    ) -> dict[str, float]:
+        """`optim.num_steps_per_batch` mini-batch steps over this replica's micro-batches; returns metrics.
+
+        `num_loss_tokens` counts the loss tokens of the whole batch (all replicas), as in `RankBatch`;
+        `min_dispatch_version` (default `step`) stands in for unknown token versions."""
+        if num_loss_tokens < 1:
+            raise ValueError(f"batch {step} has no loss tokens")
+        num_steps = self.optim_cfg.num_steps_per_batch
+        fallback = step if min_dispatch_version is None else min_dispatch_version
+        clock = OffPolicyClock(step, num_steps, fallback)
+        lr = self.optim_cfg.lr * lr_factor(self.optim_cfg, step, self.max_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        plan = plan_mini_batches(
+            list(micro_batches),
+            num_steps,
+            num_loss_tokens=num_loss_tokens,
+            step=step,
+            group=mpu.get_data_parallel_group(),
+        )
+        results: list[dict[str, Any]] = []
+        grad_norms: list[float] = []
+        for chunk, count in plan:
+            if count == 0:  # no loss tokens in any replica: every rank skips it
+                continue
+            distance = partial(clock.distance, steps_taken=len(grad_norms))
+            results += self._forward_backward(
+                chunk, num_loss_tokens=count, temperature=temperature, distance=distance
+            )
+            grad_norms.append(self._optimizer_step())
+        return self._metrics(results, grad_norms, lr, num_loss_tokens)
+
+    def train_rank_batch(self, batch: RankBatch) -> dict[str, float]:
         """`train_step` on a `RankBatch` (this process's share), gathered over the model-parallel peers."""
         return self.train_step(
             replica_micro_batches(batch.micro_batches),
             num_loss_tokens=batch.num_loss_tokens,
             temperature=batch.temperature,
-            step=step,
+            step=batch.step,
+            min_dispatch_version=batch.min_dispatch_version,
         )
 
     def _optimizer_step(self) -> float:
@@ -234,28 +304,40 @@ class MegatronBackend:
         assert ok, "megatron optimizer reported an unsuccessful step"
         return grad_norm
 
-    def _metrics(self, results: list[dict[str, Any]], grad_norm: float, lr: float, tokens: int, secs: float):
+    def _metrics(
+        self, results: list[dict[str, Any]], grad_norms: list[float], lr: float, num_loss_tokens: int
+    ) -> dict[str, float]:
         loss = torch.zeros((), dtype=torch.float64)
         stats = TokenStats.empty()
         # Only the last pipeline stage computes losses; tensor-parallel ranks hold identical copies.
         if mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0:
             for r in results:
-                loss += r["loss"].double().cpu()
+                loss += r["loss_sum"].double().cpu()
                 stats = stats.merge(r["stats"])
         loss = _all_reduce_sum(loss, self.device)
         merged = _on_device(stats, self.device).all_reduce()
         return {
-            "loss/total": float(loss),
+            "loss/total": float(loss) / num_loss_tokens,
             **merged.metrics(),
-            "optim/grad_norm": grad_norm,
+            "optim/grad_norm": sum(grad_norms) / len(grad_norms),
             "optim/lr": lr,
-            "time/train": secs,
-            "perf/tokens_per_s": tokens * mpu.get_data_parallel_world_size() / max(secs, 1e-9),
+            "optim/num_steps": len(grad_norms),
         }
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Full HF-named weights on global rank 0 (None elsewhere); every rank must call it."""
         return export_hf_state_dict(self.model, self.hf_config, self.cfg)
+
+    def pretrained_config(self):
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.model_path)
+
+    def save_checkpoint(self, *, output_dir: Path, step: int, keep: int | None) -> None:
+        raise NotImplementedError(NO_CHECKPOINTS)
+
+    def load_checkpoint(self, path: Path) -> int:
+        raise NotImplementedError(NO_CHECKPOINTS)
 
 
 def _finalize_without_token_scaling(model, num_tokens, **kwargs) -> None:

@@ -87,6 +87,10 @@ def transformer_config(hf: dict[str, Any], cfg: MegatronConfig, *, dtype: torch.
         bf16=dtype == torch.bfloat16,
         # Micro-batches have different lengths; the P2P shapes of pipeline parallelism follow them.
         variable_seq_lengths=True,
+        # The shared loss is already each micro-batch's share of the batch loss (divided by the batch's
+        # loss tokens): megatron must neither divide by micro-batches nor average over data-parallel
+        # ranks. Set here, at construction: megatron's DDP reads it in its own constructor.
+        calculate_per_token_loss=True,
         moe_token_dispatcher_type="alltoall",
         use_cpu_initialization=device.type == "cpu",
         # Random init is overwritten by the HF weights, but megatron-core 0.16 sets the tensor-parallel

@@ -5,7 +5,9 @@
     SimulatedEngine: `EngineClient` with heavy-tailed (Pareto) latency, per-token versions, pause modes,
         and SGLang's refusals (flush_cache=True with in_place-paused requests fails);
     SimulatedRolloutSource: `RolloutSource` running one generate call per episode on a sticky engine;
-    InMemoryBroadcasts + FakeTrainer: consume batches, publish version n+1 after a simulated train time.
+    InMemoryBroadcasts + FakeTrainer: consume batches, publish version n+1 after a simulated train time;
+    with `cfg.eval` the real in-run eval runs on simulated sources (shared: the training engines;
+    dedicated/external: engines of its own that load each version).
 
 Nothing here runs in production; `run_simulation` wires the real components exactly as
 `orchestrator.py` does (build_components + run_loop), only engines, source, trainer and clock are fake.
@@ -21,10 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.inference.types import GenerateResult, PauseMode
+from prime_async.eval.episodes import EvalResult
+from prime_async.eval.in_run import InRunEval, due_versions
+from prime_async.eval.setup import eval_envs
+from prime_async.inference.types import GenerateResult, SamplingParams
 from prime_async.orchestrator.orchestrator import Components, build_components, run_loop
 from prime_async.orchestrator.types import Episode, Group
 from prime_async.transport.types import TrainBatch
+from prime_async.types import EnginePauseMode
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -93,7 +99,7 @@ class SimulatedEngine:
         self.params = params
         self.rng = rng
         self.version = 0
-        self.paused: PauseMode | None = None
+        self.paused: EnginePauseMode | None = None
         self._resume = asyncio.Event()
         self._resume.set()
         self.running = 0
@@ -104,7 +110,7 @@ class SimulatedEngine:
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None):
         p = self.params
         latency = min(p.latency_s * self.rng.paretovariate(p.pareto_alpha), p.max_latency_s)
-        n_tokens = self.rng.randint(1, min(p.max_new_tokens, sampling_params.get("max_tokens", 1 << 30)))
+        n_tokens = self.rng.randint(1, min(p.max_new_tokens, sampling_params.get("max_new_tokens", 1 << 30)))
         self.running += 1
         self._idle.clear()
         try:
@@ -125,7 +131,7 @@ class SimulatedEngine:
             finish_type="length", prompt_tokens=len(input_ids), weight_version=self.version,
         )  # fmt: skip
 
-    async def pause_generation(self, mode: PauseMode) -> None:
+    async def pause_generation(self, mode: EnginePauseMode) -> None:
         self.calls.append(("pause", mode))
         self.paused = mode
         self._resume.clear()
@@ -164,21 +170,25 @@ class SimulatedEngine:
 class SimulatedRolloutSource:
     """One `generate` per episode on the engine chosen by `engine_key`; reward from a seeded RNG."""
 
-    def __init__(self, *, engines: list[SimulatedEngine], params: SimParams, rng: random.Random):
+    def __init__(
+        self, *, engines: list[SimulatedEngine], params: SimParams, rng: random.Random,
+        num_examples: int | None = None,
+    ):  # fmt: skip
         self.engines = engines
         self.params = params
         self.rng = rng
         self.started: list[int] = []
+        self._num_examples = params.num_examples if num_examples is None else num_examples
 
     @property
     def num_examples(self) -> int:
-        return self.params.num_examples
+        return self._num_examples
 
-    async def run_episode(self, *, example_id: int, engine_key: str, sampling: dict[str, Any]) -> Episode:
+    async def run_episode(self, *, example_id: int, engine_key: str, sampling: SamplingParams) -> Episode:
         self.started.append(example_id)
         engine = self.engines[zlib.crc32(engine_key.encode()) % len(self.engines)]
         prompt = [example_id % 997 + 1] * self.params.prompt_len
-        res = await engine.generate(prompt, sampling)
+        res = await engine.generate(prompt, sampling.to_sglang())
         n_prompt, n_out = len(prompt), len(res.output_ids)
         ep = Episode(
             example_id=example_id,
@@ -216,6 +226,8 @@ class SimulationResult:
     engines: list[SimulatedEngine] = field(default_factory=list)
     source: SimulatedRolloutSource | None = None
     elapsed_s: float = 0.0
+    evals: list[EvalResult] = field(default_factory=list)
+    eval_engines: list[SimulatedEngine] = field(default_factory=list)
 
 
 class FakeTrainer:
@@ -243,38 +255,39 @@ class FakeTrainer:
 
 
 def _instrument_caps(comps: Components) -> None:
-    """Assert both caps right after every admission (test instrumentation, not a mock)."""
-    adm, original = comps.admission, comps.admission.on_group_dispatched
+    """Assert both caps and the K rule right after every dispatch (test instrumentation, not a mock)."""
+    adm, groups, original = comps.admission, comps.groups, comps.groups.dispatch
 
-    def checked() -> None:
-        original()
-        buffered = adm.groups_not_returned + comps.sink.num_buffered_groups
+    def checked(group: Group, task: asyncio.Task | None = None) -> None:
+        original(group, task)
+        buffered = groups.num_inflight_groups + groups.num_buffered_groups
         assert buffered <= adm.max_buffered_groups, f"buffer cap exceeded: {buffered}"
         if adm.granularity == "group":
-            assert adm.groups_not_returned <= adm.max_inflight_groups, "in-flight cap exceeded"
+            assert groups.num_inflight_groups <= adm.max_inflight_groups, "in-flight cap exceeded"
         else:
-            assert adm.running_episodes <= adm.max_inflight_groups * adm.group_size, "in-flight cap exceeded"
-        assert adm.next_batch_step - adm.served_version <= adm.max_off_policy_steps, "K rule violated"
+            cap = adm.max_inflight_groups * groups.group_size
+            assert groups.running_episodes <= cap, "in-flight cap exceeded"
+        staleness_at_next_cut = groups.next_batch_step - group.dispatch_version
+        assert staleness_at_next_cut <= groups.max_off_policy_steps, "K rule violated"
 
-    adm.on_group_dispatched = checked  # type: ignore[method-assign]
+    groups.dispatch = checked  # type: ignore[method-assign]
 
 
 def _instrument_cancel(comps: Components, result: SimulationResult) -> None:
     """Check that a cancel hits exactly the in-flight groups that can no longer ship."""
-    disp, original = comps.dispatcher, comps.dispatcher.cancel_unshippable
+    groups, original = comps.groups, comps.groups.cancel_unshippable
 
     def checked() -> list[int]:
-        k, nxt = comps.admission.max_off_policy_steps, comps.admission.next_batch_step
-        before = {gid: s.group.dispatch_version for gid, s in disp._inflight.items()}
+        k, nxt = groups.max_off_policy_steps, groups.next_batch_step
+        before = {g.group_id: g.dispatch_version for g in groups.inflight()}
         cancelled = original()
         expected = {gid for gid, d in before.items() if nxt - d > k}
         assert set(cancelled) == expected, f"cancelled {sorted(cancelled)} != unshippable {sorted(expected)}"
-        assert set(disp._inflight) == set(before) - expected
+        assert {g.group_id for g in groups.inflight()} == set(before) - expected
         result.cancel_checks += 1
         return cancelled
 
-    disp.cancel_unshippable = checked  # type: ignore[method-assign]
-    comps.watcher.dispatcher = disp
+    groups.cancel_unshippable = checked  # type: ignore[method-assign]
 
 
 async def run_simulation(
@@ -288,10 +301,17 @@ async def run_simulation(
     loop = asyncio.get_running_loop()
     rng = random.Random(params.seed)
     engines = [SimulatedEngine(index=i, params=params, rng=rng) for i in range(params.num_engines)]
-    source = SimulatedRolloutSource(engines=engines, params=params, rng=rng)
+    # one source per training env; an env's `args.num_examples` overrides `params.num_examples`
+    sources = {
+        env.label: SimulatedRolloutSource(
+            engines=engines, params=params, rng=rng, num_examples=env.args.get("num_examples")
+        )
+        for env in cfg.envs
+    }
+    source = next(iter(sources.values()))
     broadcasts = broadcasts or InMemoryBroadcasts()
     comps = build_components(
-        cfg, source=source, engines=engines, broadcasts=broadcasts, served_version=0, clock=loop.time
+        cfg, source=sources, engines=engines, broadcasts=broadcasts, served_version=0, clock=loop.time
     )
     comps.watcher.poll_interval_s = params.watcher_poll_s
     result = SimulationResult(comps=comps, engines=engines, source=source)
@@ -313,12 +333,39 @@ async def run_simulation(
         result.batches[batch.step] = batch
         await trainer.send(batch)
 
+    evaluator = _evaluator(cfg, comps, params, rng, broadcasts, result) if cfg.eval.enabled else None
     start = loop.time()
     trainer_task = asyncio.create_task(trainer.run(comps.start_step, cfg.max_steps))
     try:
-        await run_loop(cfg, comps, send_batch=send, log_metrics=log_metrics, on_step=on_step, clock=loop.time)
+        await run_loop(cfg, comps, send_batch=send, log_metrics=log_metrics, on_step=on_step, clock=loop.time,
+                       evaluator=evaluator)  # fmt: skip
         await trainer_task
     finally:
         trainer_task.cancel()
     result.elapsed_s = loop.time() - start
     return result
+
+
+def _evaluator(
+    cfg: OrchestratorConfig, comps: Components, params: SimParams, rng: random.Random,
+    broadcasts: InMemoryBroadcasts, result: SimulationResult,
+) -> InRunEval:  # fmt: skip
+    """The real in-run eval over simulated sources (one per eval env)."""
+    engines = comps.watcher.engines
+    if cfg.eval.placement != "shared":
+        count = len(cfg.eval.base_urls)
+        engines = [SimulatedEngine(index=100 + i, params=params, rng=rng) for i in range(count)]
+        result.eval_engines = engines
+    sources = [
+        SimulatedRolloutSource(engines=engines, params=params, rng=rng, num_examples=env.num_examples)
+        for env in cfg.eval.envs
+    ]
+    envs = eval_envs(cfg.eval.envs, sources, base_sampling=cfg.sampling, eval_sampling=cfg.eval.sampling)
+    return InRunEval(
+        cfg=cfg.eval, envs=envs, on_result=result.evals.append,
+        due=due_versions(cfg.eval, max_steps=cfg.max_steps, start_version=comps.admission.served_version),
+        served_version=lambda: comps.admission.served_version, broadcasts=broadcasts,
+        pin=comps.watcher.pin, update_engines=comps.watcher.update_to,
+        engines=engines if cfg.eval.placement != "shared" else (),
+        progress=lambda: comps.groups.next_batch_step, clock=asyncio.get_running_loop().time,
+    )  # fmt: skip

@@ -7,7 +7,8 @@ against inference through the token gateway.
           harness (in-process chat loop | `null` program in a subprocess) ──► interception server
             ──► TrainClient (renders the chat template to token ids) ──POST /inference/v1/generate──► Gateway
                 ──► EngineClient.generate on the session's sticky engine (SGLang /generate)
-        ◄── Episode (token_ids, loss_mask, sampler_logprobs, token_versions, reward, status)
+        ◄── Episode (token_ids, loss_mask, sampler_logprobs, token_versions, reward, status), or one
+            per trained seat of a multi-agent env (`envs/episode.build_episodes`)
 
 Who calls it: `orchestrator.py` builds it with `build_rollout_source(...)` and hands it to the dispatcher
 as its `RolloutSource`. `import verifiers.v1` is slow (10-20 s), so it happens in `start()`, never at
@@ -15,8 +16,13 @@ module import (`--help` stays fast).
 
 Invariants:
 - the environment is loaded through verifiers' own path (`resolve_env_config` -> `load_environment`), and
-  example `i` is the i-th task of `env.taskset` (its `load()` order), fixed for the run;
-- `run_episode` never raises for environment faults (see `rollout_episode.py`); it raises
+  example `i` is the i-th task of `env.taskset` (its `load()` order), fixed for the run; an infinite
+  taskset (`INFINITE`, unbounded) is drawn lazily (`data_source.LazyTasks`, `num_examples` None);
+- the verifiers env config is the env's own `vf.EnvConfig` subclass: `env.args` fill its taskset,
+  every seat (`vf.AgentConfig` field) gets the runner's harness and the subprocess runtime unless the
+  author pinned its own, and `env.config` is deep-merged last; a key it does not declare fails
+  `start()` with one line naming it;
+- `run_episode` never raises for environment faults (see `envs/episode.py`); it raises
   `asyncio.CancelledError` when cancelled, after aborting the episode's in-flight engine requests;
 - every gateway session opened for an episode is closed when the episode ends, whatever the outcome;
 - verifiers' serving resources live in one supervised background task between `start()` and `stop()`.
@@ -25,12 +31,16 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from typing import Any
 
-from prime_async.config.env import EnvConfig
-from prime_async.inference.types import EngineClient
+from prime_async.config.env import EnvBaseConfig
+from prime_async.inference.types import EngineClient, SamplingParams
+from prime_async.orchestrator.data_source import LazyTasks
+from prime_async.orchestrator.envs import inprocess_tools
+from prime_async.orchestrator.envs.renderer_choice import check_tools_renderer, choose_renderer
 from prime_async.orchestrator.gateway import Gateway
 from prime_async.orchestrator.types import Episode
 
@@ -38,37 +48,89 @@ logger = logging.getLogger(__name__)
 
 
 def _quiet_library_loggers() -> None:
-    """verifiers logs two INFO lines per rollout and uvicorn/renderers chat too: keep them at WARNING
+    """verifiers logs two INFO lines per rollout, and uvicorn/renderers/mcp (in-process tool servers),
+    httpx and aiohttp's access log (one line per model/tool/state request) chat too: keep them at WARNING
     unless the user asked for DEBUG or set their levels explicitly (handlers stay the entrypoint's)."""
     if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
         return
-    for name in ("verifiers", "renderers", "uvicorn", "uvicorn.error"):
+    for name in ("verifiers", "renderers", "uvicorn", "uvicorn.error", "mcp", "httpx", "aiohttp.access"):
         if logging.getLogger(name).level == logging.NOTSET:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def verifiers_env_config(env_cfg: EnvConfig) -> dict[str, Any]:
-    """The raw verifiers env config for `env_cfg` (validated later by `vf.resolve_env_config`)."""
+def _runner_harness(env_cfg: EnvBaseConfig) -> dict[str, Any]:
     if env_cfg.runner == "inprocess":
-        from prime_async.orchestrator import rollout_harness
+        from prime_async.orchestrator.envs import inprocess_harness
 
-        harness: dict[str, Any] = {"id": rollout_harness.register()}
-    else:
-        harness = {"id": "null"}
-    raw: dict[str, Any] = {
-        "taskset": {**env_cfg.args, "id": env_cfg.id},
-        "agent": {"runtime": {"type": "subprocess"}, "harness": harness},
-    }
+        return {"id": inprocess_harness.register()}
+    return {"id": "null"}
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def verifiers_env_config(env_cfg: EnvBaseConfig) -> dict[str, Any]:
+    """The raw verifiers env config for `env_cfg` (validated later by `vf.resolve_env_config`): the
+    seats the environment's own `vf.EnvConfig` declares, filled with the runner's defaults (a seat
+    pinning a harness other than verifiers' `null` chat program, or a runtime, keeps its own)."""
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.runtimes import PrimeConfig
+    from verifiers.v1.utils.loaders import env_config_type
+
+    user = copy.deepcopy(env_cfg.config)
+    if "taskset" in user:
+        raise ValueError("orchestrator.env.config.taskset: set the taskset's fields in orchestrator.env.args")
+    raw: dict[str, Any] = {"taskset": {**env_cfg.args, "id": env_cfg.id}}
     if env_cfg.episode_timeout_s is not None:
         raw["timeout"] = {"episode": env_cfg.episode_timeout_s}
-    return raw
+    cls = env_config_type(env_cfg.id, str(user.get("id") or ""))
+    for name, field in cls.model_fields.items():
+        declared = field.default
+        if not isinstance(declared, AgentConfig):
+            continue
+        seat: dict[str, Any] = {}
+        if declared.runtime == PrimeConfig():
+            seat["runtime"] = {"type": "subprocess"}
+        if declared.harness is None or declared.harness.id == "null":
+            seat["harness"] = _runner_harness(env_cfg)
+        raw[name] = seat
+    return _deep_merge(raw, user)
+
+
+def resolve_verifiers_config(env_cfg: EnvBaseConfig) -> Any:
+    """`vf.resolve_env_config(verifiers_env_config(env_cfg))`; a key the environment does not declare
+    (or a bad value) raises one ValueError line naming it and where it came from."""
+    import verifiers.v1 as vf
+    from pydantic import ValidationError
+
+    try:
+        return vf.resolve_env_config(verifiers_env_config(env_cfg))
+    except ModuleNotFoundError as e:  # verifiers' message names the id and how plugins are found
+        raise ValueError(f"orchestrator.env.id {env_cfg.id!r}: {str(e).splitlines()[0]}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(x) for x in err["loc"]]
+        where = "args" if loc and loc[0] == "taskset" else "config"
+        key = ".".join(loc[1:] if where == "args" else loc)
+        more = f"; {e.error_count() - 1} more error(s)" if e.error_count() > 1 else ""
+        raise ValueError(
+            f"orchestrator.env.{where}.{key}: {err['msg']} (environment {env_cfg.id!r}, verifiers "
+            f"config {e.title}{more})"
+        ) from None
 
 
 class VerifiersRolloutSource:
     """`RolloutSource` over a verifiers environment. Use `async with` or `start()`/`stop()`."""
 
     def __init__(
-        self, *, env_cfg: EnvConfig, engines: list[EngineClient], model_path: str, seq_len: int
+        self, *, env_cfg: EnvBaseConfig, engines: list[EngineClient], model_path: str, seq_len: int
     ) -> None:
         self.env_cfg = env_cfg
         self.model_path = model_path
@@ -77,7 +139,7 @@ class VerifiersRolloutSource:
             engines=engines, seq_len=seq_len, host=env_cfg.gateway_host, port=env_cfg.gateway_port
         )
         self._env: Any = None
-        self._tasks: list[Any] = []
+        self._tasks: list[Any] | LazyTasks = []
         self._client_cfg: Any = None
         self._serving: asyncio.Task[None] | None = None
         self._env_server: Any = None
@@ -86,29 +148,37 @@ class VerifiersRolloutSource:
         self.counts: dict[str, int] = {"ok": 0, "error": 0, "aborted": 0, "cancelled": 0}
         self.error_kinds: dict[str, int] = {}
         self.episode_seconds = 0.0
+        self._tools_in_process = env_cfg.runner == "inprocess" and env_cfg.toolsets == "inprocess"
 
     @property
-    def num_examples(self) -> int:
+    def num_examples(self) -> int | None:
+        """Number of tasks; None for an infinite taskset (streamed, drawn lazily)."""
         assert self._env is not None, "start() the rollout source first"
-        return len(self._tasks)
+        return None if isinstance(self._tasks, LazyTasks) else len(self._tasks)
 
     async def start(self) -> None:
         t0 = time.perf_counter()
         _quiet_library_loggers()
         import verifiers.v1 as vf
 
-        config = vf.resolve_env_config(verifiers_env_config(self.env_cfg))
+        config = resolve_verifiers_config(self.env_cfg)
         self._env = vf.load_environment(config)
-        if not self._env.taskset.bounded:
-            raise ValueError(f"env.id {self.env_cfg.id!r} is an infinite taskset; bound it in env.args")
-        self._tasks = list(self._env.taskset)
-        if not self._tasks:
-            raise ValueError(f"env.id {self.env_cfg.id!r} loaded no tasks; check env.args")
+        taskset = self._env.taskset
+        if taskset.bounded:
+            self._tasks = list(taskset)
+        else:
+            self._tasks = LazyTasks(lambda: iter(taskset))
+        try:
+            self._tasks[0]
+        except IndexError:
+            raise ValueError(f"env.id {self.env_cfg.id!r} loaded no tasks; check env.args") from None
+        renderer = choose_renderer(self.env_cfg.renderer, self.model_path)
+        check_tools_renderer(self._env, self.env_cfg.id, renderer, self.model_path)
         await self.gateway.start()
         self._client_cfg = vf.TrainClientConfig(
             base_url=f"{self.gateway.base_url}/v1",
             api_key_var="PRIME_ASYNC_GATEWAY_KEY",
-            renderer=self.env_cfg.renderer,
+            renderer=renderer,
             renderer_model_name=self.model_path,
         )
         if self.env_cfg.runner == "env_server":
@@ -116,13 +186,13 @@ class VerifiersRolloutSource:
         else:
             await self._start_serving()
         logger.info(
-            "env %s: %d examples, runner=%s, gateway %s (%.1fs)",
-            self.env_cfg.id, len(self._tasks), self.env_cfg.runner, self.gateway.base_url,
-            time.perf_counter() - t0,
+            "env %s: %s examples, runner=%s, renderer=%s, gateway %s (%.1fs)",
+            self.env_cfg.id, self.num_examples or "infinite (streamed)", self.env_cfg.runner,
+            renderer["name"], self.gateway.base_url, time.perf_counter() - t0,
         )  # fmt: skip
 
     async def _start_env_server(self, config: Any) -> None:
-        from prime_async.orchestrator.rollout_env_server import EnvServerRunner
+        from prime_async.orchestrator.envs.env_server import EnvServerRunner
 
         self._env_server = EnvServerRunner()
         try:
@@ -177,25 +247,29 @@ class VerifiersRolloutSource:
             error = None if self._serving.cancelled() else self._serving.exception()
             raise RuntimeError(f"verifiers serving stopped: {error!r}")
 
-    async def run_episode(self, *, example_id: int, engine_key: str, sampling: dict[str, Any]) -> Episode:
+    async def run_episode(
+        self, *, example_id: int, engine_key: str, sampling: SamplingParams
+    ) -> Episode | list[Episode]:
+        """One episode of example `example_id`: its `Episode`, or for a multi-agent env one per
+        trained seat trace (a list, as the `RolloutSource` protocol allows)."""
         import verifiers.v1 as vf
 
-        from prime_async.orchestrator.rollout_episode import build_episode
+        from prime_async.orchestrator.envs.episode import build_episodes
 
         self._check_serving()
-        assert 0 <= example_id < len(self._tasks), f"example_id {example_id} out of range"
+        task = self._tasks[example_id]  # IndexError: a bug of the caller (ids come from the DataSource)
         session = self.gateway.open_session(engine_key=engine_key, sampling=sampling)
         ctx = vf.ModelContext(
-            client=self._client_cfg, model=session.key, sampling=vf.SamplingConfig(**sampling)
+            client=self._client_cfg, model=session.key, sampling=vf.SamplingConfig(**sampling.to_vllm())
         )
         t0 = time.perf_counter()
         try:
-            task = self._tasks[example_id]
             if self._env_server is not None:
                 vf_episode = await self._env_server.run(task, ctx)
             else:
-                vf_episode = await self._env.run_episode(task, ctx)
-            episode = build_episode(
+                with inprocess_tools.enabled(self._tools_in_process):
+                    vf_episode = await self._env.run_episode(task, ctx)
+            episodes = build_episodes(
                 example_id=example_id, vf_episode=vf_episode, session=session, seq_len=self.seq_len
             )
         except asyncio.CancelledError:
@@ -210,13 +284,15 @@ class VerifiersRolloutSource:
                 example_id=example_id, status="error", error=f"rollout: {type(e).__name__}: {e}"
             )
             episode.metrics["env_error"] = "rollout"
+            episodes = [episode]
         finally:
             self.gateway.close_session(session.key)
             self.episode_seconds += time.perf_counter() - t0
-        self.counts[episode.status] = self.counts.get(episode.status, 0) + 1
-        if kind := episode.metrics.get("env_error"):
-            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
-        return episode
+        for episode in episodes:
+            self.counts[episode.status] = self.counts.get(episode.status, 0) + 1
+            if kind := episode.metrics.get("env_error"):
+                self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+        return episodes[0] if len(episodes) == 1 else episodes
 
     def metrics(self) -> dict[str, float]:
         """Episode outcome counts since start (`env/episodes/<status>`, `env/errors/<kind>`)."""
@@ -227,7 +303,7 @@ class VerifiersRolloutSource:
 
 
 def build_rollout_source(
-    *, env_cfg: EnvConfig, engines: list[EngineClient], model_path: str, seq_len: int
+    *, env_cfg: EnvBaseConfig, engines: list[EngineClient], model_path: str, seq_len: int
 ) -> VerifiersRolloutSource:
     """The verifiers-backed `RolloutSource` for `env_cfg`; `start()` it (or `async with`) before use."""
     return VerifiersRolloutSource(env_cfg=env_cfg, engines=engines, model_path=model_path, seq_len=seq_len)

@@ -1,6 +1,13 @@
-"""Turn one finished verifiers episode (+ the gateway's record of its model calls) into an `Episode`.
+"""Turn one finished verifiers episode (+ the gateway's record of its model calls) into trained
+trajectories: one `Episode` per trainable trace (`build_episodes`).
 
-Called by `orchestrator/envs.py` after every verifiers episode. Pure: no I/O, no verifiers import at
+A single-agent env has one trace per episode, so one `Episode`. A multi-agent env (its `run(task,
+agents)` drives several seats) has one trace per agent run: each trace whose `agent.trainable` is True
+becomes one `Episode` with `seat = trace.agent.name` and its own reward (the trace's), tokens, masks,
+logprobs and versions. Traces the env marked untrainable (e.g. a simulated user) are not trained. When
+the verifiers episode failed, or yields no trainable trace, the result is one error `Episode`.
+
+Called by `orchestrator/envs/source.py` after every verifiers episode. Pure: no I/O, no verifiers import at
 module level (it receives verifiers objects and reads their documented attributes).
 
 Invariants of the returned `Episode`:
@@ -71,17 +78,41 @@ def _reward_fault(trace: Any) -> str | None:
     return None
 
 
-def build_episode(*, example_id: int, vf_episode: Any, session: GatewaySession, seq_len: int) -> Episode:
-    """The `Episode` of one verifiers episode (see the module invariants)."""
+def build_episodes(
+    *, example_id: int, vf_episode: Any, session: GatewaySession, seq_len: int
+) -> list[Episode]:
+    """The trained trajectories of one verifiers episode (see the module docstring and invariants)."""
     episode = Episode(example_id=example_id)
     episode.metrics["num_model_calls"] = len(session.calls)
     if session.aborted:
-        return _error(episode, "engine_abort", "the engine aborted a request of this episode")
+        return [_error(episode, "engine_abort", "the engine aborted a request of this episode")]
     traces = list(vf_episode.traces)
     if not traces:
         errors = "; ".join(f"{e.type}: {e.message}" for e in vf_episode.errors) or "no trace"
-        return _error(episode, "no_trace", errors[:2000])
-    trace = traces[-1]
+        return [_error(episode, "no_trace", errors[:2000])]
+    trained = [t for t in traces if t.agent.trainable]
+    if not trained:
+        return [_error(episode, "no_trace", "the episode has no trainable trace (every seat untrainable)")]
+    if len(traces) == 1:
+        return [_trace_episode(episode, traces[0], vf_episode, session, seq_len)]
+    out = []
+    for trace in trained:
+        ep = Episode(example_id=example_id, seat=trace.agent.name)
+        ep.metrics["num_model_calls"] = len(session.calls)
+        out.append(_trace_episode(ep, trace, vf_episode, session, seq_len))
+    return out
+
+
+def build_episode(*, example_id: int, vf_episode: Any, session: GatewaySession, seq_len: int) -> Episode:
+    """The `Episode` of a single-agent verifiers episode (its last trained trajectory)."""
+    return build_episodes(example_id=example_id, vf_episode=vf_episode, session=session, seq_len=seq_len)[-1]
+
+
+def _trace_episode(
+    episode: Episode, trace: Any, vf_episode: Any, session: GatewaySession, seq_len: int
+) -> Episode:
+    """Fill `episode` from one trace (its last branch) and classify its faults."""
+    episode.seat = trace.agent.name
     branches = trace.branches
     episode.metrics["num_turns"] = trace.num_turns
     episode.metrics["num_branches"] = len(branches)
@@ -93,7 +124,9 @@ def build_episode(*, example_id: int, vf_episode: Any, session: GatewaySession, 
         episode.sampler_logprobs = [float(x) for x in branch.logprobs]
         episode.token_versions, unmatched = _sampled_versions(branch, session.calls)
         episode.metrics["unmatched_version_nodes"] = unmatched
-    episode.truncated = bool(session.truncated or trace.is_truncated or len(episode.token_ids) > seq_len)
+    # session.truncated: the gateway clamped a turn at seq_len; the sink's `overlong` policy acts on it
+    episode.overlong = bool(session.truncated or len(episode.token_ids) > seq_len)
+    episode.truncated = bool(episode.overlong or trace.is_truncated)
     if len(episode.token_ids) > seq_len:
         for name in ("token_ids", "loss_mask", "sampler_logprobs", "token_versions"):
             setattr(episode, name, getattr(episode, name)[:seq_len])

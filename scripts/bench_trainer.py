@@ -1,0 +1,258 @@
+"""Trainer step throughput on the demo model, before/after side by side, with a phase breakdown.
+
+Usage:
+    uv run python scripts/bench_trainer.py                                  # SmolLM2 demo model
+    uv run python scripts/bench_trainer.py --prompt-len 32 --completion-len 16 --compile
+
+One batch shaped like the demo's (`--episodes` samples of `--prompt-len` prompt + `--completion-len`
+sampled tokens, packed first-fit into rows of `--seq-len`; sampler logprobs = the model's own plus
+noise) is trained by each side in turn, `--repeats` steps each, alternating; medians are printed:
+
+- `before`: the step as the trainer ran it before: logits of every position, `log_softmax` over the
+  whole vocab then gather, single-tensor AdamW (torch's CPU default);
+- `after`: the trainer's code (`trainer/fsdp.py`, `trainer/packed_rows.py`, `trainer/optim.py`): LM head
+  only on the positions that predict loss tokens, logsumexp-based gather, fused AdamW;
+- `after+compile` (with `--compile`): the same with `compile = true` (each decoder layer compiled);
+  its first step (compilation) is reported separately.
+
+Phases: `pack` (row arrays -> tensors), `forward` (model up to the logits), `logprobs` (logits ->
+logprob, entropy), `loss` (loss fn + statistics), `backward`, `optim` (clip + AdamW + schedule).
+`train_step` times one call of the real `fsdp.train_step` per side (no phase timers) as a check.
+The script also prints the largest logprob difference between the two gathers on the loss tokens.
+On a machine shared with other jobs, `--clock cpu` times CPU seconds of this process instead of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from prime_async.config.trainer import TrainerConfig
+from prime_async.testing.synthetic import make_micro_batch
+from prime_async.trainer.fsdp import RowTensors, load_model, row_loss, train_step
+from prime_async.trainer.loss import build_loss_fn
+from prime_async.trainer.optim import build_optimizer, build_scheduler
+from prime_async.trainer.packed_rows import logit_rows, packed_logprobs, row_logits, scatter_rows
+from prime_async.trainer.parallelize import parallelize
+from prime_async.transport.zmq_batches import RankBatch
+
+PHASES = ("pack", "forward", "logprobs", "loss", "backward", "optim")
+# --clock cpu: CPU seconds of this process, for a machine shared with other jobs (waiting for a core is not
+# counted; sharing caches and memory bandwidth still is)
+_CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = _CLOCKS["wall"]
+
+
+def full_vocab_gather(logits_tv: torch.Tensor, ids: torch.Tensor, temperature: float):
+    """The gather as it was (the reference): log_softmax of every position over the vocab, then gather."""
+    logprobs_tv = torch.log_softmax(logits_tv[:-1].float() / temperature, dim=-1)
+    logp_t = logprobs_tv.gather(-1, ids[1:, None])[:, 0]
+    with torch.no_grad():
+        entropy_t = -(logprobs_tv.exp() * logprobs_tv).sum(-1)
+    zero = torch.zeros(1, dtype=logp_t.dtype)
+    return torch.cat([zero, logp_t]), torch.cat([zero, entropy_t])
+
+
+def _lap(clock: dict[str, float], phase: str, since: float) -> float:
+    now = _clock()
+    clock[phase] += now - since
+    return now
+
+
+class Side:
+    """A model + optimizer trained with one variant of the step."""
+
+    def __init__(self, name: str, cfg: TrainerConfig, *, new_path: bool):
+        self.name, self.cfg, self.new_path = name, cfg, new_path
+        model = load_model(cfg, torch.device("cpu"))
+        self.model = parallelize(model, activation_checkpointing=False, compile=cfg.compile)
+        if new_path:
+            self.optimizer = build_optimizer(cfg.optim, self.model)
+        else:  # what build_optimizer made before: torch's default, the single-tensor loop on CPU
+            o = cfg.optim
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+            )
+        self.scheduler = build_scheduler(cfg.optim, self.optimizer, None)
+        self.loss_fn = build_loss_fn(cfg.loss)
+
+    def _logprobs(self, row: RowTensors, temperature: float, clock: dict[str, float]):
+        tick = _clock()
+        if self.new_path:
+            rows = logit_rows(row.ids.shape[0], row.mask, row.ids.device)
+            logits_nv = row_logits(self.model, row.ids, row.pos, rows)
+            tick = _lap(clock, "forward", tick)
+            logp, entropy = scatter_rows(logits_nv, rows, row.ids, temperature)
+        else:
+            logits_tv = self.model(input_ids=row.ids[None], position_ids=row.pos[None], use_cache=False)
+            tick = _lap(clock, "forward", tick)
+            logp, entropy = full_vocab_gather(logits_tv.logits[0], row.ids, temperature)
+        _lap(clock, "logprobs", tick)
+        return logp, entropy
+
+    def timed_step(self, batch: RankBatch) -> dict[str, float]:
+        """One optimizer step over `batch` with a timer per phase (the phases of `fsdp.train_step`)."""
+        clock: dict[str, float] = defaultdict(float)
+        for mb in batch.micro_batches:
+            tick = _clock()
+            row = RowTensors.of(mb, torch.device("cpu"))
+            _lap(clock, "pack", tick)
+            logp, entropy = self._logprobs(row, batch.temperature, clock)
+            tick = _clock()
+            n = batch.num_loss_tokens
+            loss, _ = row_loss(row, logp, entropy, loss_fn=self.loss_fn, num_loss_tokens=n)
+            tick = _lap(clock, "loss", tick)
+            loss.backward()
+            _lap(clock, "backward", tick)
+        tick = _clock()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        _lap(clock, "optim", tick)
+        clock["total"] = sum(clock[p] for p in PHASES)
+        return clock
+
+    def real_step(self, batch: RankBatch) -> float:
+        """Seconds of one call of the trainer's own `fsdp.train_step`."""
+        tick = _clock()
+        train_step(self.model, self.optimizer, self.scheduler, batch, cfg=self.cfg, loss_fn=self.loss_fn,
+                   world_size=1)  # fmt: skip
+        return _clock() - tick
+
+
+def first_fit(lengths: list[int], seq_len: int) -> list[list[int]]:
+    rows: list[list[int]] = []
+    for n in sorted(lengths, reverse=True):
+        row = next((r for r in rows if sum(r) + n <= seq_len), None)
+        if row is None:
+            rows.append([n])
+        else:
+            row.append(n)
+    return rows
+
+
+def demo_batch(model, args) -> RankBatch:
+    """The demo-shaped batch; sampler logprobs = the model's own logprobs plus small noise."""
+    rng = np.random.default_rng(0)
+    completions = rng.integers(max(1, args.completion_len // 2), args.completion_len + 1, args.episodes)
+    layout = first_fit([args.prompt_len + int(c) for c in completions], args.seq_len)
+    vocab = model.config.vocab_size
+    mbs = [make_micro_batch(rng, row, vocab=vocab, prompt_len=args.prompt_len) for row in layout]
+    for mb in mbs:
+        row = RowTensors.of(mb, torch.device("cpu"))
+        with torch.no_grad():
+            logp, _ = packed_logprobs(model, row.ids, row.pos, 1.0, loss_mask=row.mask)
+        noisy = logp.numpy() + 0.05 * rng.standard_normal(logp.shape[0])
+        mb.sampler_logprobs = np.where(mb.loss_mask, noisy, 0).astype(np.float32)
+    return RankBatch(
+        step=0, rank=0, micro_batches=mbs, layout=[[mb.num_tokens for mb in mbs]],
+        num_loss_tokens=sum(mb.num_loss_tokens for mb in mbs), temperature=1.0, min_dispatch_version=0,
+    )  # fmt: skip
+
+
+def gather_difference(side: Side, batch: RankBatch) -> float:
+    """Largest |new - reference| logprob on loss tokens (same weights, both gathers)."""
+    worst = 0.0
+    with torch.no_grad():
+        for mb in batch.micro_batches:
+            row = RowTensors.of(mb, torch.device("cpu"))
+            new, _ = packed_logprobs(side.model, row.ids, row.pos, batch.temperature, loss_mask=row.mask)
+            logits_tv = side.model(input_ids=row.ids[None], position_ids=row.pos[None]).logits[0]
+            ref, _ = full_vocab_gather(logits_tv, row.ids, batch.temperature)
+            worst = max(worst, float((new - ref)[row.mask].abs().max()))
+    return worst
+
+
+def load_cfg(args, *, compile: bool) -> TrainerConfig:
+    import tomllib
+
+    with args.config.open("rb") as f:
+        raw = tomllib.load(f)
+    raw.update(seq_len=args.seq_len, compile=compile)
+    raw.setdefault("model", {})["path"] = str(args.model_dir)
+    return TrainerConfig.model_validate(raw)
+
+
+def build_sides(args) -> list[Side]:
+    sides = [Side("before", load_cfg(args, compile=False), new_path=False)]
+    sides.append(Side("after", load_cfg(args, compile=False), new_path=True))
+    if args.compile:
+        sides.append(Side("after+compile", load_cfg(args, compile=True), new_path=True))
+    return sides
+
+
+def run_rounds(sides: list[Side], batch: RankBatch, repeats: int) -> dict[str, list[dict[str, float]]]:
+    """Alternating timed steps (order rotated each round) after one untimed warm-up step per side
+    (optimizer state allocation; compilation, whose time is printed)."""
+    for side in sides:
+        tick = _clock()
+        side.timed_step(batch)
+        if side.cfg.compile:
+            print(f"{side.name}: first step (compilation) {_clock() - tick:.1f} s", flush=True)
+    samples: dict[str, list[dict[str, float]]] = {s.name: [] for s in sides}
+    for r in range(repeats):
+        for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
+            samples[side.name].append(side.timed_step(batch))
+            if side.new_path:
+                samples[side.name][-1]["train_step"] = side.real_step(batch)
+    return samples
+
+
+def print_table(samples: dict[str, list[dict[str, float]]], batch: RankBatch) -> None:
+    tokens = sum(mb.num_tokens for mb in batch.micro_batches)
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in samples.items()}
+    columns = " ".join(f"{p:>9}" for p in (*PHASES, "total"))
+    print(f"{'side':>14} {columns} {'tokens/s':>9} {'vs before':>9} {'train_step':>10}   (medians)")
+    for name, m in med.items():
+        times = " ".join(f"{m[p]:>8.2f}s" for p in (*PHASES, "total"))
+        real = f"{m['train_step']:>9.2f}s" if "train_step" in m else f"{'-':>10}"
+        speedup = med["before"]["total"] / m["total"]
+        print(f"{name:>14} {times} {tokens / m['total']:>9.1f} {speedup:>8.2f}x {real}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=Path("models/smollm2-135m-instruct"))
+    parser.add_argument("--config", type=Path, default=Path("configs/reverse_text/trainer.toml"))
+    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--prompt-len", type=int, default=100)
+    parser.add_argument("--completion-len", type=int, default=32, help="max; lengths drawn in [max/2, max]")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=sorted(_CLOCKS), default="wall", help="wall or CPU seconds")
+    parser.add_argument("--compile", action="store_true", help="also time compile = true")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    global _clock
+    _clock = _CLOCKS[args.clock]
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if not args.model_dir.is_dir():
+        from prime_async.models.smollm2 import ensure_smollm2
+
+        ensure_smollm2(args.model_dir)
+    sides = build_sides(args)
+    batch = demo_batch(sides[0].model, args)
+    tokens = sum(mb.num_tokens for mb in batch.micro_batches)
+    print(f"model {args.model_dir}, {args.episodes} episodes x ({args.prompt_len} prompt + <= "
+          f"{args.completion_len} completion) = {tokens} tokens ({batch.num_loss_tokens} loss tokens) in "
+          f"{len(batch.micro_batches)} rows of <= {args.seq_len}; threads {args.threads}, repeats "
+          f"{args.repeats}, clock {args.clock}")  # fmt: skip
+    print(f"logprob gather: max |new - log_softmax+gather| on loss tokens = "
+          f"{gather_difference(sides[1], batch):.2e}", flush=True)  # fmt: skip
+    print_table(run_rounds(sides, batch, args.repeats), batch)
+
+
+if __name__ == "__main__":
+    main()

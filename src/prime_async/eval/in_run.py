@@ -1,0 +1,198 @@
+"""Evaluation while training: which versions are evaluated, when, and on which engines.
+
+    InRunEval.run()  (a supervised background task of the orchestrator's main loop)
+      shared:     wait until the training engines serve a due version, take the weight watcher's pin
+                  (a weight update now waits), evaluate at the served version, release the pin
+      dedicated / external:
+                  wait until a due version has a STABLE broadcast, load it into the eval engines
+                  (`/update_weights_from_disk`), evaluate; training engines are never touched
+      ──► on_result(EvalResult)  (the orchestrator logs `eval/*` against the version, writes samples)
+    InRunEval.finish()  (the main loop, after the last batch): waits until the final version is evaluated
+
+Due versions: 0 (`at_start`), every multiple of `interval` up to `max_steps`, and `max_steps` (`at_end`),
+each only if not older than the version the run (re)started at.
+
+Invariants:
+- shared: every eval token is sampled under the version the eval is recorded at: the pin is the weight
+  watcher's update lock, held for the whole eval, and the version is read after taking it;
+- an eval runs at the newest version that is due and available; older due versions passed meanwhile are
+  skipped (counted in `eval/skipped_versions`), so a slow eval never falls further behind;
+- dedicated / external: every evaluated version > 0 is loaded from its broadcast first; one whose
+  broadcast was pruned (or that an engine refused) is skipped with a warning; version 0 is evaluated
+  only on engines that still serve it;
+- eval episodes never enter the group table or the train sink (see `episodes.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from prime_async.config.orchestrator import OrchestratorEvalConfig
+from prime_async.eval.episodes import Decode, EvalEnv, EvalResult, evaluate
+from prime_async.inference.types import EngineClient
+from prime_async.orchestrator.weight_watcher import Broadcasts
+
+logger = logging.getLogger(__name__)
+
+
+def due_versions(cfg: OrchestratorEvalConfig, *, max_steps: int, start_version: int) -> list[int]:
+    """The versions the run evaluates (module docstring), ascending."""
+    due = set()
+    if cfg.at_start:
+        due.add(0)
+    if cfg.interval is not None:
+        due.update(range(cfg.interval, max_steps + 1, cfg.interval))
+    if cfg.at_end:
+        due.add(max_steps)
+    return sorted(v for v in due if v >= start_version)
+
+
+class InRunEval:
+    """Runs the eval of each due version in the background (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        cfg: OrchestratorEvalConfig,
+        envs: Sequence[EvalEnv],
+        due: Sequence[int],
+        on_result: Callable[[EvalResult], None],
+        served_version: Callable[[], int],
+        broadcasts: Broadcasts,
+        pin: asyncio.Lock | None = None,
+        update_engines: Callable[[int], Awaitable[None]] | None = None,
+        engines: Sequence[EngineClient] = (),
+        progress: Callable[[], int] = lambda: 0,
+        decode: Decode | None = None,
+        poll_interval_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if cfg.placement == "shared" and pin is None:
+            raise ValueError("the shared eval placement needs the weight watcher's pin")
+        if cfg.placement != "shared" and not engines:
+            raise ValueError(f"the {cfg.placement} eval placement needs eval engines")
+        self.cfg = cfg
+        self.envs = list(envs)
+        self.pending = sorted(due)
+        self.on_result = on_result
+        self.served_version = served_version
+        self.pin = pin
+        self.update_engines = update_engines
+        self.engines = list(engines)
+        self.broadcasts = broadcasts
+        self.progress = progress
+        self.decode = decode
+        self.poll_interval_s = poll_interval_s
+        self.clock = clock
+        self.skipped: list[int] = []
+        self._done = asyncio.Event()
+        if not self.pending:
+            self._done.set()
+
+    async def run(self) -> None:
+        """Evaluate due versions until none is left, then idle until cancelled (a supervised background
+        task must not end while the run goes on)."""
+        while self.pending:
+            if self.cfg.placement == "shared":
+                await self._shared_step()
+            else:
+                await self._dedicated_step()
+        self._done.set()
+        await asyncio.Event().wait()
+
+    async def finish(self, timeout_s: float) -> None:
+        """Wait until every due version was evaluated or skipped; a timeout is logged, not raised.
+
+        Shared: the final version is loaded into the training engines once it is published (with
+        `update_weights_interval > 1` the watcher alone might never load it)."""
+        try:
+            await asyncio.wait_for(self._finish(), timeout=timeout_s)
+        except TimeoutError:
+            logger.warning("eval of versions %s did not finish within %.0f s after the last batch; "
+                           "giving up on them", self.pending, timeout_s)  # fmt: skip
+
+    async def _finish(self) -> None:
+        if self.cfg.placement == "shared" and self.pending and self.update_engines is not None:
+            final = self.pending[-1]
+            while (self.broadcasts.latest_stable() or 0) < final:
+                await asyncio.sleep(self.poll_interval_s)
+            await self.update_engines(final)
+        await self._done.wait()
+
+    # -- placements ------------------------------------------------------------------------------------
+    async def _shared_step(self) -> None:
+        assert self.pin is not None
+        if self.served_version() < self.pending[0]:
+            await asyncio.sleep(self.poll_interval_s)
+            return
+        async with self.pin:  # weight updates wait until this eval is over
+            version = self.served_version()
+            self._take(version)
+            await self._evaluate(version)
+
+    async def _dedicated_step(self) -> None:
+        latest = self.broadcasts.latest_stable()
+        available = [v for v in self.pending if v == 0 or (latest is not None and v <= latest)]
+        if not available:
+            await asyncio.sleep(self.poll_interval_s)
+            return
+        version = available[-1]
+        self._take(version)
+        if await self._load(version):
+            await self._evaluate(version)
+        else:
+            self.skipped.append(version)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _take(self, version: int) -> None:
+        """Remove every pending version <= `version`; the ones below it are skipped."""
+        passed = [v for v in self.pending if v <= version]
+        self.pending = [v for v in self.pending if v > version]
+        self.skipped.extend(v for v in passed if v != version)
+
+    async def _load(self, version: int) -> bool:
+        """Make every eval engine serve `version`; False (warned) when it cannot. A version > 0 is always
+        loaded from its broadcast (a label alone could name weights of a history rolled back since)."""
+        if version == 0:
+            versions = await asyncio.gather(*(e.weight_version() for e in self.engines))
+            if set(versions) == {0}:
+                return True
+            logger.warning("eval engines serve versions %s, not the initial model: eval of v0 skipped",
+                           sorted(set(versions)))  # fmt: skip
+            return False
+        path = self.broadcasts.path(version)
+        try:
+            await asyncio.gather(
+                *(e.update_weights_from_disk(path, version, flush_cache=True) for e in self.engines)
+            )
+        except Exception as e:  # tolerated: e.g. the trainer pruned the broadcast before it was loaded
+            logger.warning("eval engines could not load version %d (%s: %s): eval of it skipped",
+                           version, type(e).__name__, e)  # fmt: skip
+            return False
+        return True
+
+    async def _evaluate(self, version: int) -> None:
+        start = self.clock()
+        result = await evaluate(
+            self.envs, version=version, max_concurrent_episodes=self.cfg.max_concurrent_episodes,
+            decode=self.decode, clock=self.clock,
+        )  # fmt: skip
+        result.metrics["eval/time"] = self.clock() - start
+        result.metrics["eval/lag_steps"] = float(max(self.progress() - version, 0))
+        result.metrics["eval/skipped_versions"] = float(len(self.skipped))
+        for line in result.summary([env.name for env in self.envs]):
+            logger.info(line)
+        self.on_result(result)
+
+
+async def cancel_quietly(task: asyncio.Task | None) -> None:
+    """Cancel `task` and wait for it, whatever it raised."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task

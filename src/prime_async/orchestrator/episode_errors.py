@@ -1,0 +1,74 @@
+"""Episode errors made visible: each distinct error is logged once, counted, and summarised.
+
+Called by the dispatcher for every finished episode (`record`); its `summary()` is appended to the
+run's fatal errors (dropped-groups limit, every early episode failed) so the user sees the cause.
+
+Invariants:
+- an error's identity is (kind, first line of its message); kind is `Episode.metrics["env_error"]`
+  (see `envs/episode.ENV_ERROR_KINDS`), else the episode's status;
+- the first episode with a given identity is logged at WARNING with the full message and the running
+  count of that kind; later ones at DEBUG only, so a run of identical failures logs one line;
+- `counts_by_kind()` are cumulative since start (the `env/errors/<kind>` metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from prime_async.orchestrator.types import Episode
+
+logger = logging.getLogger(__name__)
+
+MAX_EXAMPLE_CHARS = 1000
+
+
+class EpisodesFailing(ValueError):
+    """Every early episode failed: the environment cannot run as configured. A ValueError, so the
+    entrypoint reports it as one line (a configuration error), like a bad env key."""
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0][:300] if message.strip() else "(no message)"
+
+
+class EpisodeErrors:
+    """Counts of failed episodes by (kind, first message line), with one example message each."""
+
+    def __init__(self) -> None:
+        self._by_error: Counter[tuple[str, str]] = Counter()
+        self._by_kind: Counter[str] = Counter()
+        self._example: dict[tuple[str, str], str] = {}
+
+    def record(self, episode: Episode) -> None:
+        """Count `episode` if it failed ("error" or "aborted"); log a new error once at WARNING."""
+        if episode.status not in ("error", "aborted"):
+            return
+        kind = str(episode.metrics.get("env_error") or episode.status)
+        message = episode.error or "(no message)"
+        key = (kind, _first_line(message))
+        self._by_error[key] += 1
+        self._by_kind[kind] += 1
+        if key not in self._example:
+            self._example[key] = message[:MAX_EXAMPLE_CHARS]
+            logger.warning(
+                "episode error [%s] (new; %d %s error(s) so far) on example %d: %s",
+                kind, self._by_kind[kind], kind, episode.example_id, message[:MAX_EXAMPLE_CHARS],
+            )  # fmt: skip
+        else:
+            logger.debug("episode error [%s] x%d: %s", kind, self._by_error[key], key[1])
+
+    @property
+    def total(self) -> int:
+        return sum(self._by_kind.values())
+
+    def counts_by_kind(self) -> dict[str, int]:
+        return dict(self._by_kind)
+
+    def summary(self) -> str | None:
+        """'most frequent episode error: ...' with its count and one example message, or None."""
+        if not self._by_error:
+            return None
+        (kind, _line), count = self._by_error.most_common(1)[0]
+        example = self._example[(kind, _line)].replace("\n", " | ")
+        return f"most frequent episode error ({count} of {self.total} failed episodes): [{kind}] {example}"

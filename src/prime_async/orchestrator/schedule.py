@@ -1,0 +1,100 @@
+"""The fixed dispatch schedule of `deterministic = true`: which group is dispatched when, and with which
+sampling seeds, so that two runs of one config and seed produce the same batches.
+
+    slot s (0, 1, 2, ...) ──► batch n = s // batch_groups ──► dispatched at version d(n) = max(0, n - K)
+
+Who calls it (only when `deterministic = true`): admission (`blocked`: the next slot waits for its
+version), the dispatcher (`take_slot`: the slot is the group's id; `episode_seed`), the deterministic
+sink (`batch_dispatched`, `slots`: batch n is exactly the groups of its slots, in slot order) and the
+weight watcher (`wait_loadable`: version v is loaded only once every slot scheduled before it was
+dispatched; the watcher then drains, so no group ever sees two versions).
+
+Invariants:
+- slots are taken in increasing order, one per dispatched group, and never past batch `max_steps - 1`;
+- a slot of batch n is dispatched exactly when version d(n) is served: earlier is refused (`blocked`),
+  later cannot happen (`wait_loadable` keeps d(n) + 1 out until the slot is taken) and raises if seen;
+- hence every group of batch n has staleness exactly `min(n, K)` and is trained in batch n;
+- seeds are functions of the run seed and the episode's identity (env, example, epoch, index in its
+  group, model call in the episode), never of timing: `derive_seed` is a stable 63-bit hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable non-negative 63-bit seed from `parts` (their `repr`s), the same in every process."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & (2**63 - 1)
+
+
+def episode_seed(run_seed: int, env: str, example_id: int, epoch: int, index: int) -> int:
+    """Sampling seed of episode `index` of a group of `example_id` (epoch `epoch`) of env `env`."""
+    return derive_seed("episode", run_seed, env, example_id, epoch, index)
+
+
+def call_seed(episode: int, call: int) -> int:
+    """`sampling_seed` of the `call`-th model call (0, 1, ...) of the episode seeded `episode`."""
+    return derive_seed("call", episode, call)
+
+
+class DeterministicSchedule:
+    """Slot counter of the fixed schedule (see the module docstring)."""
+
+    def __init__(
+        self, *, batch_groups: int, max_off_policy_steps: int, max_steps: int, seed: int, start_step: int = 0
+    ):
+        self.batch_groups = batch_groups
+        self.k = max_off_policy_steps
+        self.max_steps = max_steps
+        self.seed = seed
+        self.next_slot = start_step * batch_groups
+        self.advanced = asyncio.Event()
+
+    def step_of(self, slot: int) -> int:
+        return slot // self.batch_groups
+
+    def dispatch_version(self, step: int) -> int:
+        """The version the groups of batch `step` are dispatched at."""
+        return max(0, step - self.k)
+
+    def slots(self, step: int) -> range:
+        return range(step * self.batch_groups, (step + 1) * self.batch_groups)
+
+    def next_version(self) -> int | None:
+        """Dispatch version of the next slot; None once every batch of the run is dispatched."""
+        step = self.step_of(self.next_slot)
+        return None if step >= self.max_steps else self.dispatch_version(step)
+
+    def blocked(self, served_version: int) -> bool:
+        """Whether the next slot must wait (for its version, or forever once the run is dispatched)."""
+        version = self.next_version()
+        if version is not None and version < served_version:
+            raise RuntimeError(
+                f"deterministic schedule broken: slot {self.next_slot} (batch "
+                f"{self.step_of(self.next_slot)}) belongs to version {version} but the engines already "
+                f"serve {served_version}"
+            )
+        return version is None or version > served_version
+
+    def take_slot(self) -> int:
+        """The next slot (the new group's id); wakes `wait_loadable`."""
+        slot = self.next_slot
+        self.next_slot += 1
+        self.advanced.set()
+        return slot
+
+    def batch_dispatched(self, step: int) -> bool:
+        return self.next_slot >= (step + 1) * self.batch_groups
+
+    def loadable(self, version: int) -> bool:
+        """Version `version` may be served once no slot scheduled for an older version is left."""
+        nxt = self.next_version()
+        return nxt is None or nxt >= version
+
+    async def wait_loadable(self, version: int) -> None:
+        while not self.loadable(version):
+            self.advanced.clear()
+            await self.advanced.wait()

@@ -1,0 +1,176 @@
+"""Orchestrator side of `weights.transport = "distributed"`: the weight group and one version's transfer.
+
+    join (first load, and after an engine outage):
+      /destroy_weights_update_group(old name) on every engine (best effort)
+      JoinGroup(master, world = 1 + engines, name) ──► trainer rank 0   ┐ concurrently: the group forms
+      /init_weights_update_group(rank_offset = 1 + i) ──► engine i       ┘ when all ranks arrived
+    load(version) (the watcher has cancelled, paused or drained already):
+      SendWeights(version) ──► trainer ── ack: it holds the version
+      /begin_weight_update on every engine (SGLang 0.5.23 receives only inside this session)
+      for each bucket of Published(version): /update_weights_from_distributed(names, dtypes, shapes) on
+        every engine, concurrently with the trainer's broadcasts; the last bucket carries
+        `weight_version` and `flush_cache`
+      /end_weight_update on every engine; trainer ── done
+
+Invariants: only versions the trainer announced (`Published`) are loaded, with the buckets it announced;
+a version's label reaches an engine only with its last bucket, so an engine labelled N holds all of N;
+each join uses a fresh group name, so no engine or trainer ever mixes ranks of two incarnations.
+The group needs one rank per engine: every engine must be the embedded engine or SGLang with tp 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prime_async.config.shared import WeightTransferConfig
+from prime_async.transport.control import ControlServer, JoinGroup, Published, SendWeights
+from prime_async.weight_group import TensorMeta
+
+logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from prime_async.config.orchestrator import OrchestratorConfig
+
+KEEP_ANNOUNCED = 4
+
+
+def build_control(
+    cfg: OrchestratorConfig,
+) -> tuple[
+    ControlServer, DistributedWeights | None, list[Callable[[], None]], list[Callable[[BaseException], None]]
+]:
+    """The control channel (bound and receiving), the distributed loader when configured, and the lists of
+    callbacks a `Published` event and a channel failure trigger (the caller appends the watcher's `wake`
+    and `fail`)."""
+    wake: list[Callable[[], None]] = []
+    failed: list[Callable[[BaseException], None]] = []
+    loader: DistributedWeights | None = None
+
+    def on_published(msg: Published) -> None:
+        if msg.transport != cfg.weights.transport:
+            raise RuntimeError(
+                f"the trainer publishes weights over {msg.transport!r} but this orchestrator has "
+                f"weights.transport = {cfg.weights.transport!r}: set weights.transport alike everywhere"
+            )
+        if loader is not None:
+            loader.on_published(msg)
+        for callback in wake:
+            callback()
+
+    def on_error(error: BaseException) -> None:
+        for callback in failed:
+            callback(error)
+
+    port = cfg.weights.resolved_control_port(cfg.transport)
+    control = ControlServer(cfg.transport.host, port, on_published=on_published, on_error=on_error)
+    if cfg.weights.transport == "distributed":
+        loader = DistributedWeights(control, cfg.weights)
+    control.start()
+    return control, loader, wake, failed
+
+
+class DistributedWeights:
+    """`WeightLoader` over a torch.distributed group trainer rank 0 + every engine."""
+
+    def __init__(self, control: ControlServer, cfg: WeightTransferConfig):
+        self.control, self.cfg = control, cfg
+        self._announced: OrderedDict[int, list[list[TensorMeta]]] = OrderedDict()
+        self._group: str | None = None
+        self._retired: list[str] = []  # groups to leave on the engines before the next join
+
+    def on_published(self, msg: Published) -> None:
+        self._announced[msg.version] = msg.buckets
+        while len(self._announced) > KEEP_ANNOUNCED:
+            self._announced.popitem(last=False)
+
+    def latest(self) -> int | None:
+        return next(reversed(self._announced), None)
+
+    def engines_restarted(self) -> None:
+        """An engine outage: the group is rebuilt before the next load (a restarted engine rejoins)."""
+        self._retire()
+
+    def _retire(self) -> None:
+        if self._group is not None:
+            self._retired.append(self._group)
+        self._group = None
+
+    async def load(self, engines: Sequence[Any], version: int, *, flush_cache: bool) -> None:
+        if version not in self._announced:
+            raise RuntimeError(f"weights v{version} were never announced by the trainer")
+        buckets = self._announced[version]
+        if self._group is None:
+            await self._join(engines)
+        assert self._group is not None
+        request = self.control.open_request(lambda rid: SendWeights(rid, version, self._group or ""))
+        try:
+            await request.reply("ack", self.cfg.timeout_s)  # a refusal here leaves the group untouched
+            try:
+                await self._transfer(engines, buckets, version, flush_cache)
+                await request.reply("done", self.cfg.timeout_s)
+            except BaseException:
+                self._retire()  # a transfer cut short leaves the group in an unknown state: rebuild it
+                raise
+        finally:
+            request.close()
+
+    async def _transfer(
+        self, engines: Sequence[Any], buckets: list[list[TensorMeta]], version: int, flush_cache: bool
+    ) -> None:
+        await asyncio.gather(*(e.begin_weight_update() for e in engines))  # SGLang's update session
+        for i, bucket in enumerate(buckets):
+            last = i == len(buckets) - 1
+            await asyncio.gather(
+                *(self._receive(e, bucket, version if last else None, flush_cache and last) for e in engines)
+            )
+        await asyncio.gather(*(e.end_weight_update() for e in engines))
+
+    async def _receive(self, engine: Any, bucket: list[TensorMeta], version: int | None, flush: bool) -> None:
+        await engine.update_weights_from_distributed(
+            names=[m.name for m in bucket],
+            dtypes=[m.dtype for m in bucket],
+            shapes=[m.shape for m in bucket],
+            group_name=self._group,
+            weight_version=version,
+            flush_cache=flush,
+        )
+
+    async def _join(self, engines: Sequence[Any]) -> None:
+        await self.control.wait_trainer(self.cfg.timeout_s)
+        for old in self._retired:  # best effort: a restarted engine no longer has it (answers False)
+            await asyncio.gather(
+                *(e.destroy_weights_update_group(old) for e in engines), return_exceptions=True
+            )
+        self._retired.clear()
+        backend = self.cfg.backend
+        if backend == "auto":
+            backend = "nccl" if self.control.trainer_device == "cuda" else "gloo"
+        name = f"prime-async-weights-{uuid.uuid4().hex[:8]}"
+        world = 1 + len(engines)
+        address, port = self.cfg.master_address, self.cfg.master_port
+        logger.info("building weight group %s: trainer + %d engine(s), %s on %s:%d", name, len(engines),
+                    backend, address, port)  # fmt: skip
+        request = self.control.open_request(lambda rid: JoinGroup(rid, address, port, world, name, backend))
+        try:
+            await asyncio.gather(
+                request.reply("done", self.cfg.timeout_s),
+                *(
+                    e.init_weights_update_group(
+                        master_address=address,
+                        master_port=port,
+                        rank_offset=1 + i,
+                        world_size=world,
+                        group_name=name,
+                        backend=backend,
+                    )
+                    for i, e in enumerate(engines)
+                ),
+            )
+        finally:
+            request.close()
+        self._group = name

@@ -1,0 +1,120 @@
+"""Production wiring of the orchestrator's environments and in-run eval (called by `orchestrator._run`).
+
+    cfg.envs      ──► one verifiers rollout source per training env (each with its own gateway)
+    cfg.eval.envs ──► one rollout source per eval env, on the training engines (shared) or on the eval
+                      engines `cfg.eval.base_urls` (dedicated / external) ──► InRunEval
+
+Invariants:
+- every gateway in front of the training engines (training envs, and eval envs of the shared placement)
+  reports engine outages to the weight watcher and passes the watcher's one request gate, so an
+  `in_place` update holds all of their requests alike;
+- dedicated eval engines must belong to the run (run id), like the training engines; external ones are
+  not checked (any SGLang-compatible server);
+- the env metrics of all sources are summed under `env/episodes/<status>`, `env/errors/<kind>`,
+  `env/gateway_requests`, and also reported per env as `env/<name>/episodes/<status>` and
+  `env/<name>/errors/<kind>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.eval.episodes import EvalResult
+from prime_async.eval.in_run import InRunEval, due_versions
+from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
+from prime_async.inference.types import EngineClient
+from prime_async.orchestrator.engine_checks import check_engines_belong_to_run, wait_for_engines
+from prime_async.orchestrator.weight_watcher import BroadcastDir, WeightWatcher
+
+if TYPE_CHECKING:
+    from prime_async.orchestrator.envs.source import VerifiersRolloutSource
+    from prime_async.utils.monitor import Monitor
+
+logger = logging.getLogger(__name__)
+
+
+def build_sources(cfg: OrchestratorConfig, envs: list[Any], engines: list[EngineClient]) -> dict[str, Any]:
+    """An unstarted verifiers rollout source per env config of `envs`, keyed by env name."""
+    from prime_async.orchestrator.envs import build_rollout_source
+
+    return {
+        env.label: build_rollout_source(
+            env_cfg=env, engines=engines, model_path=cfg.model.path, seq_len=cfg.seq_len
+        )
+        for env in envs
+    }
+
+
+def hook_gateways(sources: list[VerifiersRolloutSource], watcher: WeightWatcher) -> None:
+    """Outages seen by episodes hold dispatch at once; one request gate for all (in_place updates)."""
+    gateways = [g for s in sources if (g := getattr(s, "gateway", None)) is not None]
+    if not gateways:
+        return
+    for gateway in gateways:
+        gateway.on_engine_error = watcher.engine_failed
+        gateway.gate = gateways[0].gate
+    watcher.request_gate = gateways[0].gate  # in_place: next turns wait for the flush
+
+
+def source_metrics(sources: dict[str, Any]) -> dict[str, float]:
+    """Env metrics of every source, summed and per env (module docstring)."""
+    out: dict[str, float] = {}
+    for name, source in sources.items():
+        for key, value in source.metrics().items():
+            out[key] = out.get(key, 0.0) + value
+            if key.startswith(("env/episodes/", "env/errors/")):
+                out[f"env/{name}/{key.removeprefix('env/')}"] = value
+    return out
+
+
+async def start_in_run_eval(
+    cfg: OrchestratorConfig, watcher: WeightWatcher, *, engines: list[EngineClient], monitor: Monitor,
+    stack: contextlib.AsyncExitStack,
+) -> InRunEval | None:  # fmt: skip
+    """The in-run eval of `cfg.eval` with its sources started on `stack`; None without eval envs."""
+    ecfg = cfg.eval
+    if not ecfg.enabled:
+        return None
+    from prime_async.inference.lora_client import engine_clients
+
+    eval_engines: list[EngineClient] = engines
+    if ecfg.placement != "shared":
+        lora = cfg.lora is not None and ecfg.placement == "dedicated"  # our engines: adapters of this run
+        eval_engines = engine_clients(ecfg.base_urls, ecfg.api_key, lora=lora)
+        for engine in eval_engines:
+            stack.push_async_callback(engine.aclose)
+        await wait_for_engines(eval_engines, timeout_s=cfg.inference.timeout_s)
+        if ecfg.placement == "dedicated":
+            await check_engines_belong_to_run(eval_engines, cfg.run_id)
+    sources = build_sources(cfg, list(ecfg.envs), eval_engines)
+    for source in sources.values():
+        await stack.enter_async_context(source)
+    if ecfg.placement == "shared":
+        hook_gateways(list(sources.values()), watcher)
+    envs = eval_envs(
+        ecfg.envs, list(sources.values()), base_sampling=cfg.sampling, eval_sampling=ecfg.sampling
+    )
+    return InRunEval(
+        cfg=ecfg, envs=envs, on_result=_eval_logger(cfg, monitor),
+        due=due_versions(ecfg, max_steps=cfg.max_steps, start_version=watcher.served_version),
+        served_version=lambda: watcher.served_version,
+        broadcasts=BroadcastDir(cfg.output_dir / "broadcasts"),
+        pin=watcher.pin, update_engines=watcher.update_to,
+        engines=eval_engines if ecfg.placement != "shared" else (),
+        progress=lambda: watcher.groups.next_batch_step,
+        decode=tokenizer_decode(cfg.model.path) if ecfg.samples or ecfg.wandb_table else None,
+    )  # fmt: skip
+
+
+def _eval_logger(cfg: OrchestratorConfig, monitor: Monitor) -> Any:
+    def on_result(result: EvalResult) -> None:
+        monitor.log_eval(result.metrics, version=result.version)
+        if cfg.eval.samples:
+            write_samples(cfg.output_dir / "eval" / f"samples_v{result.version}.jsonl", result.samples)
+        if cfg.eval.wandb_table:
+            monitor.log_table("eval/samples", result.samples)
+
+    return on_result

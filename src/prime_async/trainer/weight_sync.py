@@ -1,0 +1,131 @@
+"""Trainer rank 0's side of weight transfer: publish each version and announce it; serve broadcasts.
+
+    Trainer.publish(n) ──► WeightSync.publish(state, n)
+        filesystem:  WeightPublisher writes broadcasts/step_n/ (+ STABLE)          ──► Published(n)
+        distributed: state kept in memory (the newest KEEP_SNAPSHOTS versions), on disk only at
+                     checkpoint steps and the last step (restarts load from there) ──► Published(n, buckets)
+    control thread (transport/control.py), on the orchestrator's requests:
+        JoinGroup   ──► join the weight group as rank 0 (leaving an older one), reply done
+        SendWeights ──► ack (version held) or refuse; broadcast every bucket in order; reply done
+
+Invariants: a version is announced only after it exists (STABLE written / snapshot stored); a snapshot
+is a copy, never a view of parameters that later optimizer steps change; buckets are the ones
+announced in `Published` (same names, dtypes, shapes, order); the broadcasts run on the control thread,
+so training goes on meanwhile (a separate group: no collective of the training group is involved).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from prime_async.config.trainer import TrainerConfig
+from prime_async.trainer.weights import WeightPublisher
+from prime_async.transport.control import ControlClient, JoinGroup, Published, Reply, SendWeights
+from prime_async.weight_group import (
+    TensorMeta,
+    join_weight_group,
+    leave_weight_group,
+    metas_of,
+    plan_buckets,
+    resolve_backend,
+    send_bucket,
+)
+
+logger = logging.getLogger(__name__)
+
+KEEP_SNAPSHOTS = 2  # the newest and the one the orchestrator may still be loading
+
+
+class WeightSync:
+    """Publishes versions by `cfg.weights.transport` and answers the orchestrator's control requests."""
+
+    def __init__(self, cfg: TrainerConfig, publisher: WeightPublisher, device: torch.device, *, tied: bool):
+        self.cfg, self.publisher, self.device, self.tied = cfg, publisher, device, tied
+        self.distributed = cfg.weights.transport == "distributed"
+        self._snapshots: OrderedDict[int, tuple[dict[str, torch.Tensor], list[list[TensorMeta]]]] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+        self._group: dist.ProcessGroup | None = None
+        self._group_backend = "gloo"
+        port = cfg.weights.resolved_control_port(cfg.transport)
+        self.control = ControlClient(cfg.transport.host, port, handler=self._handle, device=device.type)
+
+    def publish(
+        self, state: dict[str, torch.Tensor], version: int, *, protected: Iterable[int], on_disk: bool
+    ) -> None:
+        """Make `version` available and announce it. `on_disk` (distributed): also write the directory."""
+        if not self.distributed:
+            self.publisher.publish(state, version, protected=protected)
+            self.control.publish(Published(version, "filesystem"))
+            return
+        tensors = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        if self.tied:
+            tensors.pop("lm_head.weight", None)  # engines tie it to the embedding, as from disk
+        buckets = plan_buckets(metas_of(tensors), int(self.cfg.weights.bucket_mb * 2**20))
+        with self._lock:
+            self._snapshots[version] = (tensors, buckets)
+            while len(self._snapshots) > KEEP_SNAPSHOTS:
+                self._snapshots.popitem(last=False)
+        if on_disk:
+            self.publisher.publish(tensors, version, protected=protected)
+        self.control.publish(Published(version, "distributed", buckets))
+
+    def publish_adapter(
+        self, config: dict, tensors: dict[str, torch.Tensor], version: int, *, protected: Iterable[int]
+    ) -> None:
+        """LoRA: write the adapter directory of `version` (filesystem only), then announce it."""
+        self.publisher.publish_adapter(config, tensors, version, protected=protected)
+        self.control.publish(Published(version, "filesystem"))
+
+    def close(self) -> None:
+        self.control.close()
+        if self._group is not None:
+            leave_weight_group(self._group)
+            self._group = None
+
+    # ---- control thread ------------------------------------------------------------------------------
+    def _handle(self, msg: JoinGroup | SendWeights, reply: Callable[[Reply], None]) -> None:
+        try:
+            if isinstance(msg, JoinGroup):
+                self._join(msg)
+            else:
+                self._send(msg, reply)
+        except Exception as e:  # reported to the orchestrator, which fails the update loudly
+            logger.exception("weight transfer request %s failed", type(msg).__name__)
+            reply(Reply(msg.request_id, False, "done", f"{type(e).__name__}: {e}"))
+            return
+        reply(Reply(msg.request_id, True, "done"))
+
+    def _join(self, msg: JoinGroup) -> None:
+        backend = resolve_backend(msg.backend, self.device)
+        if self._group is not None:
+            leave_weight_group(self._group)
+            self._group = None
+        logger.info("joining weight group %s (%s, world size %d) as rank 0 on %s:%d",
+                    msg.group_name, backend, msg.world_size, msg.master_address, msg.master_port)  # fmt: skip
+        self._group = join_weight_group(
+            backend=backend, master_address=msg.master_address, master_port=msg.master_port, rank=0,
+            world_size=msg.world_size, group_name=msg.group_name, timeout_s=self.cfg.weights.timeout_s,
+        )  # fmt: skip
+        self._group_backend = backend
+
+    def _send(self, msg: SendWeights, reply: Callable[[Reply], None]) -> None:
+        with self._lock:
+            held = self._snapshots.get(msg.version)
+            versions = list(self._snapshots)
+        if held is None or self._group is None:
+            why = "no weight group joined" if self._group is None else f"versions held: {versions}"
+            raise ValueError(f"cannot send version {msg.version}: {why}")
+        reply(Reply(msg.request_id, True, "ack"))
+        tensors, buckets = held
+        device = self.device if self._group_backend == "nccl" else torch.device("cpu")
+        for bucket in buckets:
+            send_bucket(self._group, tensors, bucket, device)
+        logger.info("sent weights v%d in %d bucket(s)", msg.version, len(buckets))

@@ -1,0 +1,80 @@
+"""Episode errors are visible: the real orchestrator components (`build_components` + `run_loop`) over a
+real verifiers env whose reward always raises (tiny model, in-process HF engine).
+
+Regression of issue 11: such a run used to die after `max_dropped_groups_per_step` drops with only
+"... last reason: errored". Now it stops after the first 2 groups with one error naming the cause, and
+the error is logged once at WARNING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+from hf_engine import HFEngineClient
+
+from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.orchestrator.envs import build_rollout_source
+from prime_async.orchestrator.episode_errors import EpisodesFailing
+from prime_async.orchestrator.orchestrator import build_components, run_loop
+from prime_async.testing.simulation import InMemoryBroadcasts
+
+pytest.importorskip("verifiers.v1")
+FAULTY = Path(__file__).parent / "faulty_rewards.py"
+
+
+def config(tmp_path: Path, **over: object) -> OrchestratorConfig:
+    rewards = {"lcs": {"fn": f"{FAULTY}:raising_reward"}}
+    return OrchestratorConfig.model_validate({
+        "output_dir": str(tmp_path), "max_steps": 3, "seq_len": 256, "batch_groups": 2, "group_size": 2,
+        "wandb": {"enabled": False}, "sampling": {"temperature": 1.0, "max_tokens": 6},
+        "env": {"id": "reverse-text", "args": {"num_examples": 16, "task": {"rewards": rewards}}},
+        **over,
+    })  # fmt: skip
+
+
+def run(cfg: OrchestratorConfig, model_dir: Path) -> list[int]:
+    engine = HFEngineClient(model_dir=str(model_dir), version=0)
+    steps: list[int] = []
+
+    async def main() -> None:
+        async with build_rollout_source(
+            env_cfg=cfg.envs[0], engines=[engine], model_path=str(model_dir), seq_len=cfg.seq_len
+        ) as source:
+            comps = build_components(
+                cfg, source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+            )
+
+            async def send(batch) -> None:
+                pass
+
+            await run_loop(cfg, comps, send_batch=send, log_metrics=lambda m, s: steps.append(s))
+
+    asyncio.run(asyncio.wait_for(main(), timeout=200))
+    return steps
+
+
+@pytest.mark.timeout(300)
+def test_every_early_episode_failing_stops_the_run_naming_the_cause(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(EpisodesFailing) as info:
+        run(config(tmp_path), tiny_model_dir)
+    message = str(info.value)
+    assert "every episode of the first 2 groups failed" in message and "\n" not in message
+    assert "[reward]" in message and "RuntimeError: reward exploded" in message
+    logged = [r for r in caplog.records if r.levelname == "WARNING" and "episode error [reward]" in r.message]
+    assert len(logged) == 1, "one distinct error is logged once"
+
+
+@pytest.mark.timeout(300)
+def test_dropped_groups_limit_names_the_most_frequent_episode_error(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    cfg = config(tmp_path, fail_fast_groups=0, max_dropped_groups_per_step=3)
+    with pytest.raises(RuntimeError, match="max_dropped_groups_per_step = 3") as info:
+        run(cfg, tiny_model_dir)
+    assert "most frequent episode error" in str(info.value) and "reward exploded" in str(info.value)

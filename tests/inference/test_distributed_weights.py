@@ -1,0 +1,269 @@
+"""Weights over torch.distributed (gloo) into a real embedded engine process, against the filesystem path.
+
+The test process is rank 0 of the weight group (as trainer rank 0 is in a run): it joins with
+`weight_group.join_weight_group` while the engine joins through `/init_weights_update_group`, then
+broadcasts each version in several buckets while `/update_weights_from_distributed` receives them. For
+every version the engine's logprobs (fixed sampling seed) must equal those it gives after loading the same
+tensors from a broadcast directory (`/update_weights_from_disk`), and generation paused in each mode
+continues across the update with per-token version spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from prime_async.trainer.weights import WeightPublisher
+from prime_async.weight_group import (
+    join_weight_group,
+    leave_weight_group,
+    metas_of,
+    plan_buckets,
+    send_bucket,
+)
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7]
+pytestmark = pytest.mark.timeout(1200)  # the engine process starts in ~30 s, in minutes on a loaded machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"engine exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"engine at {url} not healthy after {timeout_s}s")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    yield from _engine(tiny_model_dir, tmp_path_factory.mktemp("dist_engine"), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def cuda_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    yield from _engine(tiny_model_dir, tmp_path_factory.mktemp("dist_engine_cuda"), device="cuda")
+
+
+def _engine(tiny_model_dir: Path, work: Path, *, device: str):
+    port = free_port()
+    cfg = work / "inference.toml"
+    cfg.write_text(
+        f'backend = "torch"\nseq_len = 512\noutput_dir = "{work}"\n[model]\npath = "{tiny_model_dir}"\n'
+        f'[server]\nport = {port}\n[engine]\nmax_running_requests = 8\nnum_threads = 1\ndevice = "{device}"\n'
+    )
+    log = work / "engine.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log, timeout_s=900)
+        yield url, work
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def version_state(model_dir: Path, version: int) -> dict[str, torch.Tensor]:
+    """Deterministic weights of `version`: the tiny model plus seeded noise."""
+    base = load_file(str(model_dir / "model.safetensors"))
+    gen = torch.Generator().manual_seed(version)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in base.items()}
+
+
+def generate(url: str, max_new_tokens: int = 8, seed: int = 1) -> dict:
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0, "sampling_seed": seed,
+                            "ignore_eos": True},
+        "return_logprob": True,
+    }  # fmt: skip
+    resp = httpx.post(f"{url}/generate", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def post(url: str, route: str, payload: dict, *, expect: int = 200) -> dict:
+    resp = httpx.post(f"{url}{route}", json=payload, timeout=120)
+    assert resp.status_code == expect, f"{route}: {resp.status_code} {resp.text}"
+    return resp.json()
+
+
+class Rank0:
+    """The test process as rank 0 of a weight group with the engine as rank 1."""
+
+    def __init__(self, url: str, group_name: str, backend: str = "gloo"):
+        self.url, self.group_name, self.backend = url, group_name, backend
+        self.device = torch.device("cuda" if backend == "nccl" else "cpu")
+        port = free_port()
+        result: dict = {}
+
+        def join() -> None:
+            result["pg"] = join_weight_group(
+                backend=backend, master_address="127.0.0.1", master_port=port, rank=0, world_size=2,
+                group_name=group_name, timeout_s=120,
+            )  # fmt: skip
+
+        thread = threading.Thread(target=join)
+        thread.start()
+        answer = post(url, "/init_weights_update_group", {
+            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+            "group_name": group_name, "backend": backend,
+        })  # fmt: skip
+        thread.join(timeout=120)
+        assert answer["success"] is True, answer
+        self.pg = result["pg"]
+
+    def send(self, state: dict[str, torch.Tensor], version: int, *, bucket_bytes: int, flush: bool) -> int:
+        """Broadcast `state` bucket by bucket while the engine receives; the last bucket carries the label."""
+        buckets = plan_buckets(metas_of(state), bucket_bytes)
+        for i, bucket in enumerate(buckets):
+            last = i == len(buckets) - 1
+            sender = threading.Thread(target=send_bucket, args=(self.pg, state, bucket, self.device))
+            sender.start()
+            payload = {
+                "names": [m.name for m in bucket], "dtypes": [m.dtype for m in bucket],
+                "shapes": [m.shape for m in bucket], "group_name": self.group_name,
+                "flush_cache": flush and last,
+            }  # fmt: skip
+            if last:
+                payload["weight_version"] = str(version)
+            answer = post(self.url, "/update_weights_from_distributed", payload)
+            sender.join(timeout=60)
+            assert answer["success"] is True, answer
+        return len(buckets)
+
+    def close(self) -> None:
+        post(self.url, "/destroy_weights_update_group", {"group_name": self.group_name})
+        leave_weight_group(self.pg)
+
+
+def logprobs(answer: dict) -> list[float]:
+    return [item[0] for item in answer["meta_info"]["output_token_logprobs"]]
+
+
+def test_distributed_versions_equal_filesystem(engine, tiny_model_dir: Path) -> None:
+    check_versions_equal_filesystem(engine, tiny_model_dir, "gloo")
+
+
+@pytest.mark.gpu
+def test_nccl_versions_equal_filesystem(cuda_engine, tiny_model_dir: Path) -> None:
+    """The same on a CUDA engine with NCCL (run by scripts/gpu_smoke.sh when a GPU is there)."""
+    check_versions_equal_filesystem(cuda_engine, tiny_model_dir, "nccl")
+
+
+def check_versions_equal_filesystem(engine, tiny_model_dir: Path, backend: str) -> None:
+    url, work = engine
+    rank0 = Rank0(url, f"test-equal-{backend}", backend)
+    publisher = WeightPublisher(
+        output_dir=work, model_config=_config(tiny_model_dir), source_dir=tiny_model_dir, keep_last=2
+    )
+    try:
+        for version in (1, 2, 3):
+            state = version_state(tiny_model_dir, version)
+            num_buckets = rank0.send(state, version, bucket_bytes=200_000, flush=True)
+            assert num_buckets > 1  # the bucket bound splits the tiny model
+            via_group = generate(url)
+            assert via_group["meta_info"]["weight_version"] == str(version)
+            path = publisher.publish(state, version)
+            post(url, "/update_weights_from_disk", {"model_path": str(path), "weight_version": str(version)})
+            via_disk = generate(url)
+            assert via_group["output_ids"] == via_disk["output_ids"]
+            assert logprobs(via_group) == logprobs(via_disk)  # the same weights, bit for bit
+    finally:
+        rank0.close()
+
+
+@pytest.mark.parametrize(("mode", "version"), [("retract", 10), ("in_place", 11), ("abort", 12)])
+def test_update_in_flight_each_pause_mode(engine, tiny_model_dir: Path, mode: str, version: int) -> None:
+    url, _ = engine
+    rank0 = Rank0(url, f"test-inflight-{mode}")
+    try:
+
+        async def scenario() -> dict:
+            async with httpx.AsyncClient(timeout=120) as client:
+                body = {
+                    "input_ids": PROMPT, "return_logprob": True,
+                    "sampling_params": {"max_new_tokens": 400, "temperature": 1.0, "ignore_eos": True},
+                }  # fmt: skip
+                running = asyncio.create_task(client.post(f"{url}/generate", json=body))
+                while (await client.get(f"{url}/get_server_info")).json()["num_running_reqs"] == 0:
+                    await asyncio.sleep(0.01)
+                await client.post(f"{url}/pause_generation", json={"mode": mode})
+                state = version_state(tiny_model_dir, version)
+                await asyncio.to_thread(
+                    rank0.send, state, version, bucket_bytes=1 << 30, flush=mode != "in_place"
+                )
+                await client.post(f"{url}/continue_generation", json={})
+                return (await running).json()
+
+        answer = asyncio.run(scenario())
+        spans = answer["meta_info"]["weight_versions"]
+        if mode == "abort":
+            assert answer["meta_info"]["finish_reason"]["type"] == "abort"
+        else:
+            assert answer["meta_info"]["finish_reason"]["type"] == "length"
+            assert len(spans) >= 2 and spans[0]["version"] != str(version)  # generated across the update
+            assert spans[-1]["version"] == str(version) and spans[-1]["end"] == 400
+    finally:
+        rank0.close()
+
+
+def test_bad_requests_are_refused_and_weights_kept(engine, tiny_model_dir: Path) -> None:
+    url, _ = engine
+    before = generate(url)
+    answer = post(url, "/update_weights_from_distributed",
+                  {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "missing"},
+                  expect=400)  # fmt: skip
+    assert "not initialized" in answer["message"]
+    rank0 = Rank0(url, "test-bad")
+    try:
+        bad = {"model.norm.weight": torch.zeros(3)}  # wrong shape: received, then refused
+        sender = threading.Thread(
+            target=send_bucket, args=(rank0.pg, bad, metas_of(bad), torch.device("cpu"))
+        )
+        sender.start()
+        answer = post(url, "/update_weights_from_distributed", {
+            "names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[3]], "group_name": "test-bad",
+            "weight_version": "99",
+        }, expect=400)  # fmt: skip
+        sender.join(timeout=60)
+        assert not sender.is_alive()  # rank 0 was never left blocked
+        assert "shape" in answer["message"]
+    finally:
+        rank0.close()
+    after = generate(url)
+    assert after["meta_info"]["weight_version"] == before["meta_info"]["weight_version"]
+    assert logprobs(after) == logprobs(before)
+    post(url, "/destroy_weights_update_group", {"group_name": "test-bad"}, expect=400)
+
+
+def _config(model_dir: Path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir)

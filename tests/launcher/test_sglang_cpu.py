@@ -1,0 +1,61 @@
+"""`rl` on real SGLang (CPU engine): 3 steps with in-flight weight updates in each pause mode, `in_place`
+on a multi-turn environment, and no process of the run alive afterwards.
+
+Skipped unless the sglang extra is installed (`uv sync --extra sglang`). SGLang's CPU engine needs
+`SGLANG_USE_CPU_ENGINE=1` and the stand-in `sgl_kernel` of `scripts/sglang_cpu/` first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from test_lifecycle import MARK, _marked_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs the sglang extra"),
+]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("pause_mode", "env_id"),
+    [("retract", "reverse-text"), ("drain", "reverse-text"), ("in_place", "calculator")],
+)
+def test_rl_on_real_sglang(tiny_model_dir: Path, tmp_path: Path, pause_mode: str, env_id: str) -> None:
+    mark, out = uuid.uuid4().hex, tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
+        "@", str(ROOT / "configs/tiny/rl_sglang_cpu.toml"), "--output-dir", str(out),
+        "--model.path", str(tiny_model_dir), "--max-steps", "3", "--inference.sglang.python", sys.executable,
+        "--inference.server.port", "0", "--transport.port", "0", "--orchestrator.pause-mode", pause_mode,
+        "--orchestrator.env.id", env_id,
+    ]  # fmt: skip
+    env = {
+        **os.environ, MARK: mark, "SGLANG_USE_CPU_ENGINE": "1",
+        "PYTHONPATH": f"{ROOT / 'scripts' / 'sglang_cpu'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    survivors = _marked_processes(mark)
+    for pid, _ in survivors:
+        os.kill(pid, 9)
+    logs = {p.stem: p.read_text()[-2500:] for p in (out / "logs").glob("*.log")}
+    assert proc.returncode == 0, f"{proc.stderr[-3000:]}\n{logs}"
+    assert not survivors, f"processes of the run outlived it: {survivors}"
+    inference_log = (out / "logs" / "inference.log").read_text()
+    assert "sglang.launch_server" in inference_log
+    orch = [json.loads(line) for line in (out / "metrics" / "orchestrator.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in orch] == [0, 1, 2]
+    assert max(m["time/sync_weights"] for m in orch) > 0, "no in-flight weight update happened"
+    assert all(0 <= m["rollout/data_staleness/min"] <= m["rollout/data_staleness/max"] <= 1 for m in orch)
+    trainer = [json.loads(line) for line in (out / "metrics" / "trainer.jsonl").read_text().splitlines()]
+    assert len(trainer) == 3 and all(m["mismatch_kl"] < 0.05 for m in trainer), trainer

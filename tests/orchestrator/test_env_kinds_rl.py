@@ -1,0 +1,82 @@
+"""Each kind of verifiers environment trains through `rl` (three real processes, tiny model, CPU).
+
+Kinds: single-turn (`reverse-text`), multi-turn against a scripted user (`word-chain` with
+`opponent = "script"`), two seats (`word-chain`: one trained trajectory per seat, per-seat
+advantages), and an infinite taskset (`word-chain`'s is infinite: streamed, never materialised).
+Default runner `inprocess` in the default suite; `env_server` under `slow`. (Error visibility is tested
+in-process, faster: tests/environments/test_episode_errors.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUCKETS = ("inflight", "buffered", "trained", "dropped_stale", "filtered", "errored", "cancelled")
+KINDS = {
+    "single_turn": {"id": "reverse-text", "args": {"num_examples": 64}},
+    "multi_turn_scripted_user": {"id": "word-chain", "config": {"opponent": "script", "rounds": 2}},
+    "two_seat_infinite": {"id": "word-chain", "config": {"rounds": 1}},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def rl(tmp_path: Path, model_dir: Path, env: dict, *extra: str, steps: int = 2, timeout: int = 300):
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
+        "--output-dir", str(out), "--model.path", str(model_dir), "--max-steps", str(steps),
+        "--inference.server.port", str(free_port()), "--transport.port", str(free_port()),
+        "--orchestrator.env", json.dumps(env), "--orchestrator.sampling.max-tokens", "8", *extra,
+    ]  # fmt: skip
+    env_vars = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_vars, capture_output=True, text=True, timeout=timeout)
+    return proc, out
+
+
+def check_trained(proc: subprocess.CompletedProcess, out: Path, *, steps: int, seats: int) -> None:
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log")))
+    assert proc.returncode == 0, f"rl exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{logs}"
+    orch = read_jsonl(out / "metrics" / "orchestrator.jsonl")
+    assert [m["step"] for m in orch] == list(range(steps))
+    for m in orch:
+        assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in BUCKETS)
+        assert m["rollout/trained_groups"] == 2
+    # the ledger counts trajectories: each trained group = group_size episodes x trained seats
+    assert orch[-1]["ledger/trained"] == steps * 2 * 2 * seats
+    if seats == 2:
+        assert all("reward/seat/first/mean" in m and "reward/seat/second/mean" in m for m in orch)
+    trainer = read_jsonl(out / "metrics" / "trainer.jsonl")
+    assert [m["step"] for m in trainer] == list(range(steps))
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_env_kind_trains_inprocess(kind: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    proc, out = rl(tmp_path, tiny_model_dir, KINDS[kind])
+    check_trained(proc, out, steps=2, seats=2 if kind == "two_seat_infinite" else 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_env_kind_trains_env_server(kind: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    env = {**KINDS[kind], "runner": "env_server"}
+    proc, out = rl(tmp_path, tiny_model_dir, env, timeout=840)
+    check_trained(proc, out, steps=2, seats=2 if kind == "two_seat_infinite" else 1)

@@ -1,0 +1,59 @@
+"""Engine outage with `weights.transport = "distributed"`: after `/health` answers again the weight group
+is rebuilt and the newest version is sent to every engine even when it is the served one (a restarted
+engine came back with an older version from disk and must rejoin). Fake engines, real asyncio, the
+real `WeightWatcher`; the loader is a recording fake of `DistributedWeights`' interface."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from test_engine_outage import FakeAdmission, FakeDispatcher, FakeEngine, _until
+
+from prime_async.inference.types import EngineUnavailable
+from prime_async.orchestrator import weight_watcher as ww
+
+
+class RecordingLoader:
+    def __init__(self, latest: int) -> None:
+        self._latest = latest
+        self.calls: list[tuple[str, int]] = []
+
+    def latest(self) -> int | None:
+        return self._latest
+
+    async def load(self, engines, version: int, *, flush_cache: bool) -> None:
+        for engine in engines:
+            engine._check(f"distributed:{version}")
+        self.calls.append(("load", version))
+
+    def engines_restarted(self) -> None:
+        self.calls.append(("rejoin", -1))
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place", "drain"])
+def test_outage_rejoins_and_resends_the_served_version(mode: str, monkeypatch) -> None:
+    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
+    monkeypatch.setattr(ww, "BACKOFF_MAX_S", 0.04)
+    engine, admission, loader = FakeEngine(), FakeAdmission(), RecordingLoader(latest=2)
+    engine.up = True
+    watcher = ww.WeightWatcher(
+        engines=[engine], broadcasts=None, admission=admission, groups=FakeDispatcher(), pause_mode=mode,
+        update_weights_interval=1, poll_interval_s=60.0, loader=loader,
+    )  # type: ignore[arg-type]  # fmt: skip
+
+    async def main() -> None:
+        task = asyncio.create_task(watcher.run())
+        await _until(lambda: admission.served_version == 2)  # v2 loaded over the group
+        assert loader.calls == [("load", 2)]
+        engine.up = False
+        watcher.engine_failed(EngineUnavailable("connection refused"))  # the gateway saw it die
+        await _until(lambda: engine.health_checks >= 2)
+        engine.up = True  # restarted (serving an older version from disk)
+        await _until(lambda: loader.calls.count(("load", 2)) == 2)
+        await _until(lambda: admission.holds == 0)
+        task.cancel()
+
+    asyncio.run(main())
+    assert loader.calls == [("load", 2), ("rejoin", -1), ("load", 2)]
+    assert admission.served_version == 2
