@@ -132,7 +132,11 @@ def test_multinode_recipe_on_localhost(tiny_model_dir: Path, tmp_path: Path) -> 
 
     orch = [json.loads(line) for line in (out / "metrics" / "orchestrator.jsonl").read_text().splitlines()]
     assert [m["step"] for m in orch] == [0, 1, 2]
-    assert orch[-1]["weights/served_version"] >= 2
+    # Async with K = 1: the batch of step n may come from version n - 1, so when the engines loaded
+    # which version is timing; what is guaranteed is the staleness bound and that updates happened.
+    served = [m["weights/served_version"] for m in orch]
+    assert all(v >= m["step"] - 1 for v, m in zip(served, orch, strict=True)), served
+    assert served[-1] >= 1, served
     trainer = [json.loads(line) for line in (out / "metrics" / "trainer.jsonl").read_text().splitlines()]
     assert [m["step"] for m in trainer] == [0, 1, 2]
     for i in (0, 1):
