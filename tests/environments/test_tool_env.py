@@ -11,9 +11,7 @@ channel, the gateway, and `rl` with the real engine and trainer processes.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +23,7 @@ from prime_async.config.env import EnvConfig
 from prime_async.inference.types import GenerateResult, SamplingParams
 from prime_async.orchestrator.envs import build_rollout_source
 from prime_async.orchestrator.envs.renderer_choice import choose_renderer, renderer_for_model
+from proc_helpers import free_port, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL_CALL = (
@@ -118,16 +117,6 @@ def test_tool_env_needs_a_tool_renderer(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"calculator-tools.*no tool-capable renderer") as info:
         _run(tiny_model_dir, ScriptedToolEngine.__new__(ScriptedToolEngine), env_cfg, n=0)
     assert "\n" not in str(info.value)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _rl_tool_env(tiny_model_dir: Path, tmp_path: Path, runner: str) -> None:

@@ -13,10 +13,8 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,13 +22,9 @@ import httpx
 import pytest
 import torch
 
+from proc_helpers import free_port, wait_healthy
+
 TEST_SEQ_LEN = 4096
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -46,20 +40,6 @@ class Target:
 
     def next_version(self) -> int:
         return self.version + 1
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen | None, log: Path | None, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"engine exited with {proc.returncode}:\n{log.read_text() if log else ''}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"engine at {url} not healthy after {timeout_s}s")
 
 
 def _start_embedded(model_dir: Path, work: Path):
@@ -79,7 +59,7 @@ def _start_embedded(model_dir: Path, work: Path):
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc, log, timeout_s=300)
+        wait_healthy(url, proc, log, timeout_s=300)
     except Exception:
         proc.kill()
         raise

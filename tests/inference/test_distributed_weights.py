@@ -11,11 +11,9 @@ continues across the update with per-token version spans.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -31,29 +29,10 @@ from prime_async.weight_group import (
     plan_buckets,
     send_bucket,
 )
+from proc_helpers import free_port, wait_healthy
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 pytestmark = pytest.mark.timeout(1200)  # the engine process starts in ~30 s, in minutes on a loaded machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"engine at {url} not healthy after {timeout_s}s")
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,10 @@ per-request adapters, logprobs equal to the trainer's merged forward."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,25 +19,7 @@ from prime_async.testing.synthetic import make_batch
 from prime_async.trainer.fsdp import FsdpBackend
 from prime_async.trainer.weights import WeightPublisher
 from prime_async.transport.zmq_batches import RankBatch
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine exited with {proc.returncode}:\n{log.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"engine at {url} not healthy after {timeout_s}s")
-
+from proc_helpers import free_port, wait_healthy
 
 LORA = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                       "up_proj", "down_proj"]}  # fmt: skip
@@ -86,7 +65,7 @@ def lora_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
                                 stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc, log, timeout_s=300)
+        wait_healthy(url, proc, log, timeout_s=300)
         yield url, backend, paths, work
     finally:
         proc.terminate()

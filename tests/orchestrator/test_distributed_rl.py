@@ -12,7 +12,6 @@ compares them bit for bit with the filesystem path).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,12 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from proc_helpers import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = ("inflight", "buffered", "trained", "dropped_stale", "filtered", "errored", "cancelled")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run_rl(out: Path, model_dir: Path, *extra: str, steps: int) -> None:

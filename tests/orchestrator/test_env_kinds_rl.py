@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from proc_helpers import free_port, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = ("inflight", "buffered", "trained", "dropped_stale", "filtered", "errored", "cancelled")
@@ -25,16 +26,6 @@ KINDS = {
     "multi_turn_scripted_user": {"id": "word-chain", "config": {"opponent": "script", "rounds": 2}},
     "two_seat_infinite": {"id": "word-chain", "config": {"rounds": 1}},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def rl(tmp_path: Path, model_dir: Path, env: dict, *extra: str, steps: int = 2, timeout: int = 300):

@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -28,6 +27,7 @@ from prime_async.launcher.restart import latest_stable_broadcast
 from prime_async.orchestrator.weight_watcher import BroadcastDir
 from prime_async.trainer import weights as weights_mod
 from prime_async.trainer.weights import WeightPublisher
+from proc_helpers import free_port, wait_healthy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6}
 
@@ -82,7 +82,7 @@ def test_engine_refuses_truncated_weights_and_keeps_serving(tiny_model_dir: Path
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc, log)
+        wait_healthy(url, proc, log)
         assert _listening_hosts(port) == {"127.0.0.1"}  # the engine's HTTP server binds loopback by default
         probe = {"input_ids": [81, 82, 83], "sampling_params": GREEDY, "return_logprob": True}
         before = httpx.post(f"{url}/generate", json=probe, timeout=60).json()
@@ -118,20 +118,3 @@ def _listening_hosts(port: int) -> set[str]:
     return hosts
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass  # tolerated: still starting
-        time.sleep(0.3)
-    raise AssertionError(f"engine not healthy: {log.read_text()[-3000:]}")

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -26,26 +25,7 @@ from prime_async.config.trainer import TrainerConfig
 from prime_async.orchestrator.weight_transfer import build_control
 from prime_async.transport.control import ControlClient, Published, decode
 from prime_async.transport.wire import WireError
-
-
-def free_pair() -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from proc_helpers import free_pair, free_port
 
 
 def test_malformed_frame_is_a_wire_error():

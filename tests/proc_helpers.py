@@ -1,0 +1,60 @@
+"""Helpers of the tests that start real processes: free loopback ports, engine health, metrics files.
+
+Imported by name (`from proc_helpers import free_port`): `tests/` is on `sys.path` through its
+`conftest.py`. Ports come from the kernel (bind to port 0), so two tests, or two suites, never pick the
+same one on purpose; a port can still be taken between the probe and its use, which the tests accept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_pair() -> int:
+    """A port p with p + 1 free as well (the batch channel and the control channel next to it)."""
+    for _ in range(100):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a metrics JSONL file; [] while the file does not exist yet."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_healthy(
+    url: str, proc: subprocess.Popen | None, log: Path | None = None, timeout_s: float = 180
+) -> None:
+    """Wait until `url/health` answers 200; fail at once, with the log's tail, if `proc` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+            raise AssertionError(f"engine at {url} exited with {proc.returncode}:\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):  # still starting
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"engine at {url} not healthy after {timeout_s} s")
