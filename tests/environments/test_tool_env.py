@@ -119,8 +119,8 @@ def test_tool_env_needs_a_tool_renderer(tiny_model_dir: Path) -> None:
     assert "\n" not in str(info.value)
 
 
-def _rl_tool_env(tiny_model_dir: Path, tmp_path: Path, runner: str) -> None:
-    out, steps = tmp_path / "run", 2
+def _rl_tool_env(tiny_model_dir: Path, tmp_path: Path, runner: str, steps: int = 2) -> None:
+    out = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
         "--output-dir", str(out), "--model.path", str(tiny_model_dir), "--max-steps", str(steps),
@@ -147,4 +147,4 @@ def test_rl_trains_on_tool_env_inprocess(tiny_model_dir: Path, tmp_path: Path) -
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_rl_trains_on_tool_env_env_server(tiny_model_dir: Path, tmp_path: Path) -> None:
-    _rl_tool_env(tiny_model_dir, tmp_path, "env_server")
+    _rl_tool_env(tiny_model_dir, tmp_path, "env_server", steps=1)  # ~15 s per episode through env_server

@@ -1,5 +1,6 @@
-"""`rl` on real SGLang (CPU engine): 3 steps with in-flight weight updates in each pause mode, `in_place`
-on a multi-turn environment, and no process of the run alive afterwards.
+"""`rl` on real SGLang (CPU engine): 3 steps with in-flight weight updates under SGLang's two pause modes
+(`retract`, and `in_place` on a multi-turn environment; `drain` needs no SGLang route and is covered by the
+embedded-engine runs), and no process of the run alive afterwards.
 
 Skipped unless the sglang extra is installed (`uv sync --extra sglang`). SGLang's CPU engine needs
 `SGLANG_USE_CPU_ENGINE=1` and the stand-in `sgl_kernel` of `scripts/sglang_cpu/` first on PYTHONPATH.
@@ -29,8 +30,8 @@ pytestmark = [
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     ("pause_mode", "env_id"),
-    [("retract", "reverse-text"), ("drain", "reverse-text"), ("in_place", "calculator")],
-)
+    [("retract", "reverse-text"), ("in_place", "calculator")],
+)  # drain calls no pause route (it waits for idle engines): the embedded-engine runs cover it
 def test_rl_on_real_sglang(tiny_model_dir: Path, tmp_path: Path, pause_mode: str, env_id: str) -> None:
     mark, out = uuid.uuid4().hex, tmp_path / "run"
     cmd = [

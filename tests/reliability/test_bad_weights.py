@@ -116,5 +116,3 @@ def _listening_hosts(port: int) -> set[str]:
         if state == "0A" and int(port_hex, 16) == port:
             hosts.add(socket.inet_ntoa(bytes.fromhex(addr)[::-1]))
     return hosts
-
-
