@@ -41,7 +41,8 @@ def run_rl(out: Path, model_dir: Path, *extra: str, steps: int) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("pause_mode", ["retract", "in_place", "drain"])
 def test_rl_distributed_in_flight_updates(pause_mode: str, tiny_model_dir: Path, tmp_path: Path):
-    out, steps, k = tmp_path / "run", 4, 2
+    # 6 steps: step 5's batch needs version >= 3 (staleness <= K), so two loads happen whatever the timing
+    out, steps, k = tmp_path / "run", 6, 2
     run_rl(
         out, tiny_model_dir, "--orchestrator.pause-mode", pause_mode, "--orchestrator.max-off-policy-steps",
         str(k), "--orchestrator.max-buffered-groups", "4", "--orchestrator.sampling.max-tokens", "128",
@@ -56,7 +57,7 @@ def test_rl_distributed_in_flight_updates(pause_mode: str, tiny_model_dir: Path,
     assert sum(m["weights/updates"] for m in orch) >= (1 if pause_mode == "drain" else 2)
     assert sum(m["weights/inflight_groups_at_update"] for m in orch) > 0, "no update happened in flight"
     served = [m["weights/served_version"] for m in orch]
-    assert served == sorted(served) and served[-1] >= 2
+    assert served == sorted(served) and served[-1] >= steps - 1 - k
     trainer = read_jsonl(out / "metrics" / "trainer.jsonl")
     assert [m["step"] for m in trainer] == list(range(steps))
     assert sorted(p.name for p in (out / "broadcasts").glob("step_*")) == [f"step_{steps}"]
