@@ -21,7 +21,9 @@ The group needs one rank per engine: every engine must be the embedded engine or
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -152,7 +154,10 @@ class DistributedWeights:
             backend = "nccl" if self.control.trainer_device == "cuda" else "gloo"
         name = f"prime-async-weights-{uuid.uuid4().hex[:8]}"
         world = 1 + len(engines)
-        address, port = self.cfg.master_address, self.cfg.master_port
+        address, port = (
+            self.cfg.master_address,
+            _rendezvous_port(self.cfg.master_address, self.cfg.master_port),
+        )
         logger.info("building weight group %s: trainer + %d engine(s), %s on %s:%d", name, len(engines),
                     backend, address, port)  # fmt: skip
         request = self.control.open_request(lambda rid: JoinGroup(rid, address, port, world, name, backend))
@@ -174,3 +179,24 @@ class DistributedWeights:
         finally:
             request.close()
         self._group = name
+
+
+def _rendezvous_port(address: str, port: int) -> int:
+    """`port`, or a free port on `address` when `address` is on this host and something already listens
+    on `port`: a port picked at launch (`master_port = 0`) can be handed to another socket of the run by
+    the time the group forms (seen: the gateway's HTTP server), and a rejoin after an outage needs a port
+    the old rendezvous may still hold. A remote `address` cannot be probed from here and is used as is."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((address, port))
+            return port
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return port  # not an address of this host: trainer rank 0 is on another node
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        fresh = probe.getsockname()[1]
+    logger.warning(
+        "weights.master_port %d on %s is in use; the weight group meets on port %d", port, address, fresh
+    )
+    return fresh
