@@ -11,6 +11,7 @@ import contextlib
 import json
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -58,3 +59,25 @@ def wait_healthy(
                 return
         time.sleep(0.3)
     raise AssertionError(f"engine at {url} not healthy after {timeout_s} s")
+
+
+def start_embedded_engine(config_toml: str, work: Path, timeout_s: float) -> tuple[str, subprocess.Popen]:
+    """Start `inference @ work/inference.toml` (`config_toml` plus a free `[server] port`), logging to
+    `work/engine.log`; returns its URL and process once healthy (the process is killed if it never is)."""
+    port = free_port()
+    cfg = work / "inference.toml"
+    cfg.write_text(f"{config_toml}\n[server]\nport = {port}\n")
+    log = work / "engine.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log, timeout_s=timeout_s)
+    except BaseException:
+        proc.kill()
+        raise
+    return url, proc

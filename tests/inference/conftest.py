@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ import httpx
 import pytest
 import torch
 
-from proc_helpers import free_port, wait_healthy
+from proc_helpers import free_port, start_embedded_engine
 
 TEST_SEQ_LEN = 4096
 
@@ -43,26 +42,11 @@ class Target:
 
 
 def _start_embedded(model_dir: Path, work: Path):
-    port = free_port()
-    cfg = work / "inference.toml"
-    cfg.write_text(
-        f'backend = "torch"\nseq_len = {TEST_SEQ_LEN}\noutput_dir = "{work}"\n'
-        f'[model]\npath = "{model_dir}"\n[server]\nport = {port}\n'
+    config = (
+        f'backend = "torch"\nseq_len = {TEST_SEQ_LEN}\noutput_dir = "{work}"\n[model]\npath = "{model_dir}"\n'
         "[engine]\nmax_running_requests = 64\nnum_threads = 1\n"
     )
-    log = work / "engine.log"
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, log, timeout_s=300)
-    except Exception:
-        proc.kill()
-        raise
+    url, proc = start_embedded_engine(config, work, timeout_s=300)
     return url, lambda: (proc.terminate(), proc.wait(30))
 
 

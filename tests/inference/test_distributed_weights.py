@@ -11,8 +11,6 @@ continues across the update with per-token version spans.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from prime_async.weight_group import (
     plan_buckets,
     send_bucket,
 )
-from proc_helpers import free_port, wait_healthy
+from proc_helpers import free_port, start_embedded_engine
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 pytestmark = pytest.mark.timeout(1200)  # the engine process starts in ~30 s, in minutes on a loaded machine
@@ -46,22 +44,12 @@ def cuda_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def _engine(tiny_model_dir: Path, work: Path, *, device: str):
-    port = free_port()
-    cfg = work / "inference.toml"
-    cfg.write_text(
+    config = (
         f'backend = "torch"\nseq_len = 512\noutput_dir = "{work}"\n[model]\npath = "{tiny_model_dir}"\n'
-        f'[server]\nport = {port}\n[engine]\nmax_running_requests = 8\nnum_threads = 1\ndevice = "{device}"\n'
+        f'[engine]\nmax_running_requests = 8\nnum_threads = 1\ndevice = "{device}"\n'
     )
-    log = work / "engine.log"
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    url, proc = start_embedded_engine(config, work, timeout_s=900)
     try:
-        wait_healthy(url, proc, log, timeout_s=900)
         yield url, work
     finally:
         proc.terminate()
