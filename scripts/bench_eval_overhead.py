@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,12 +25,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -43,8 +36,8 @@ def read_jsonl(path: Path) -> list[dict]:
 def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
     cmd = [
         sys.executable, "-m", "prime_async.entrypoints.rl", "@", args.config, "--output-dir", str(out),
-        "--max-steps", str(args.steps), "--inference.server.port", str(free_port()),
-        "--transport.port", str(free_port()), "--orchestrator.eval.interval", str(args.interval),
+        "--max-steps", str(args.steps), "--inference.server.port", "0",
+        "--transport.port", "0", "--orchestrator.eval.interval", str(args.interval),
     ]  # fmt: skip
     if args.model:
         cmd += ["--model.path", args.model]
@@ -52,7 +45,7 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict[str, float]
         cmd += ["--orchestrator.eval.envs", "[]"]
     elif mode == "dedicated":
         cmd += ["--orchestrator.eval.placement", "dedicated"]
-        cmd += ["--eval-inference.server.port", str(free_port())]
+        cmd += ["--eval-inference.server.port", "0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,18 +35,13 @@ import httpx
 import torch
 from safetensors.torch import load_file, save_file
 
+from prime_async.launcher.identity import free_ports
 from prime_async.trainer.weights import WeightPublisher
 from prime_async.weight_group import join_weight_group, metas_of, plan_buckets, send_bucket
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_engine(model: Path, work: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    port = free_ports("127.0.0.1", 1)
     cfg = work / "inference.toml"
     cfg.write_text(
         f'backend = "torch"\nseq_len = 128\noutput_dir = "{work}"\n[model]\npath = "{model}"\n'
@@ -110,7 +104,7 @@ class Group:
 
     def __init__(self, url: str):
         self.url, self.name = url, "bench-weights"
-        port, out = free_port(), {}
+        port, out = free_ports("127.0.0.1", 1), {}
         t0 = time.perf_counter()
         join = threading.Thread(
             target=lambda: out.setdefault(

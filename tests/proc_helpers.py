@@ -1,15 +1,14 @@
 """Helpers of the tests that start real processes: free loopback ports, engine health, metrics files.
 
 Imported by name (`from proc_helpers import free_port`): `tests/` is on `sys.path` through its
-`conftest.py`. Ports come from the kernel (bind to port 0), so two tests, or two suites, never pick the
-same one on purpose; a port can still be taken between the probe and its use, which the tests accept.
+`conftest.py`. Ports are picked at random below the kernel's ephemeral range, as `rl` picks them, so no
+process is handed one by the kernel between the probe and its use.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -17,25 +16,17 @@ from pathlib import Path
 
 import httpx
 
+from prime_async.launcher.identity import free_ports
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago (picked as `rl` picks its ports)."""
+    return free_ports("127.0.0.1", 1)
 
 
 def free_pair() -> int:
     """A port p with p + 1 free as well (the batch channel and the control channel next to it)."""
-    for _ in range(100):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
+    return free_ports("127.0.0.1", 2)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -4,7 +4,8 @@ Called by `launcher/rl.py` before it writes the sub-configs and after inference 
 
 Invariants:
 - `resolve_run(cfg)` returns a config whose `run_id` is set and whose ports are all concrete: a port of
-  0 is replaced by a free one (the inference engines get `num_engines` consecutive free ports);
+  0 is replaced by a free one below the kernel's ephemeral range (the inference engines get
+  `num_engines` consecutive free ports), so no other process is handed it before its component binds it;
 - `check_ports_free(cfg)` raises ValueError naming the first port some other process listens on (and what
   answers there, when it speaks the engine API) before any process of the run exists;
 - `check_engine_identity` raises RuntimeError unless every engine is this run's: the embedded engine
@@ -14,11 +15,13 @@ Invariants:
 from __future__ import annotations
 
 import json
+import random
 import socket
 import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 from prime_async.config.inference import InferenceConfig
 from prime_async.config.rl import RLConfig, engine_urls, explicit_values
@@ -45,8 +48,21 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def free_ports(host: str, count: int) -> int:
-    """First of `count` consecutive ports that are free on `host` (asked from the kernel, then checked)."""
+# Ports `rl` picks lie below the kernel's ephemeral range, so no bind(0) and no outgoing connection of
+# any process (SGLang's scheduler, gloo, an HTTP client) can be handed one between the pick and the bind,
+# and below 22000, where SGLang picks its own ports (`get_free_port_below_ephemeral`: 22000-29999).
+_PICK_LOW, _PICK_HIGH = 10000, 21999
+_pick_random = random.SystemRandom()  # never the run's seeded `random`: two runs must not pick alike
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; other kernels differ, and the kernel fallback below covers them
+
+
+def _kernel_free_ports(host: str, count: int) -> int:
     for _ in range(100):
         with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
@@ -54,6 +70,21 @@ def free_ports(host: str, count: int) -> int:
         if base + count <= 65536 and all(port_is_free(host, base + i) for i in range(count)):
             return base
     raise RuntimeError(f"found no {count} consecutive free ports on {host}")
+
+
+def free_ports(host: str, count: int) -> int:
+    """First of `count` consecutive ports that are free on `host`.
+
+    Picked at random in 10000-21999 when that lies below the kernel's ephemeral range (the usual case):
+    a port there is only ever taken by a process that asks for it by number. Otherwise (a kernel whose
+    ephemeral range starts low) the kernel picks, and a port can be taken before its process binds it."""
+    high = min(_PICK_HIGH, _ephemeral_low() - 1) - count + 1
+    if high - _PICK_LOW < 1000:
+        return _kernel_free_ports(host, count)
+    for base in _pick_random.sample(range(_PICK_LOW, high + 1), 200):
+        if all(port_is_free(host, base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"found no {count} consecutive free ports on {host} in {_PICK_LOW}-{_PICK_HIGH}")
 
 
 def describe_listener(host: str, port: int) -> str:

@@ -1,23 +1,17 @@
-"""Synthetic training batches and a free-port helper, for tests and `scripts/bench_transport.py`."""
+"""Synthetic training batches and a transport config on free ports (tests, `scripts/bench_transport.py`)."""
 
 from __future__ import annotations
-
-import socket
 
 import numpy as np
 
 from prime_async.config.shared import TransportConfig
+from prime_async.launcher.identity import free_ports
 from prime_async.transport.types import MicroBatch, TrainBatch
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def transport_cfg(**kw) -> TransportConfig:
-    return TransportConfig(host="127.0.0.1", port=free_port(), timeout_s=kw.pop("timeout_s", 10.0), **kw)
+    port = free_ports("127.0.0.1", 2)  # the batch channel and the control channel next to it
+    return TransportConfig(host="127.0.0.1", port=port, timeout_s=kw.pop("timeout_s", 10.0), **kw)
 
 
 def make_micro_batch(
