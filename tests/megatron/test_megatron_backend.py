@@ -146,7 +146,12 @@ def _hf_packed_logits(model_dir: Path, mbs: list[MicroBatch]) -> list[torch.Tens
     rows = []
     for mb in mbs:
         ids = torch.from_numpy(mb.input_ids.astype("int64"))
-        parts = [model(input_ids=ids[s:e][None]).logits[0] for s, e in sample_bounds(mb.position_ids)]
+        parts, block = [], 0
+        for s, e in sample_bounds(mb.position_ids):
+            shared = int(mb.position_ids[s])  # a branch runs after the shared tokens of its block
+            block = s if shared == 0 else block
+            whole = torch.cat([ids[block : block + shared], ids[s:e]])
+            parts.append(model(input_ids=whole[None]).logits[0, shared:])
         rows.append(torch.cat(parts))
     return rows
 

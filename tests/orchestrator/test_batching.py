@@ -8,7 +8,12 @@ import statistics
 import numpy as np
 
 from prime_async.config.orchestrator import AdvantageConfig
-from prime_async.orchestrator.batching import build_train_batch, group_advantages, seat_advantages
+from prime_async.orchestrator.batching import (
+    build_train_batch,
+    group_advantages,
+    seat_advantages,
+    shared_prefix_length,
+)
 from prime_async.orchestrator.types import Episode, Group
 
 
@@ -95,3 +100,92 @@ def test_seats_are_their_own_baselines():
         group_id=1, example_id=1, dispatch_version=0, episodes=[episode(1, 2, r) for r in (1.0, 3.0)]
     )
     assert seat_advantages(single, AdvantageConfig()) == group_advantages(single.rewards, AdvantageConfig())
+
+
+def _shared_episode(rng: random.Random, prompt: list[int], seat: str = "agent") -> Episode:
+    """`prompt`, then a sampled turn, sometimes a tool/user turn and a second sampled turn."""
+    turns = [(prompt, False), ([rng.randint(1, 999) for _ in range(rng.randint(1, 8))], True)]
+    if rng.random() < 0.5:
+        turns += [([rng.randint(1, 999) for _ in range(rng.randint(1, 4))], False)]
+        turns += [([rng.randint(1, 999) for _ in range(rng.randint(1, 5))], True)]
+    ids = [t for part, _ in turns for t in part]
+    mask = [m for part, m in turns for _ in part]
+    return Episode(
+        example_id=0, token_ids=ids, loss_mask=mask, sampler_logprobs=[-0.25 if m else 0.0 for m in mask],
+        token_versions=[3 if m else -1 for m in mask], reward=rng.random(), seat=seat,
+    )  # fmt: skip
+
+
+def _unpacked_samples(batch) -> list[tuple[tuple[int, ...], tuple[bool, ...], tuple[float, ...]]]:
+    """Every packed sample rebuilt whole (a branch gets its block's shared tokens back): (ids, loss mask,
+    advantages), advantages 0 on the shared tokens."""
+    from prime_async.trainer.packed_rows import sample_starts
+
+    out = []
+    for rank in batch.micro_batches:
+        for mb in rank:
+            begin = np.flatnonzero(sample_starts(mb.position_ids)).tolist()
+            block = 0
+            for start, end in zip(begin, [*begin[1:], mb.num_tokens], strict=True):
+                shared = int(mb.position_ids[start])
+                if shared == 0:
+                    block = start
+                assert list(mb.position_ids[start:end]) == list(range(shared, shared + end - start))
+                assert not mb.loss_mask[start]  # a sample's first token has no context of its own
+                ids = [*mb.input_ids[block : block + shared], *mb.input_ids[start:end]]
+                mask = [*[False] * shared, *mb.loss_mask[start:end]]
+                adv = [*[0.0] * shared, *mb.advantages[start:end]]
+                out.append((tuple(int(t) for t in ids), tuple(bool(m) for m in mask), tuple(adv)))
+    return out
+
+
+def test_shared_prefix_packing_keeps_every_episode_and_saves_the_prompt_copies():
+    rng = random.Random(1)
+    groups = []
+    for g in range(6):
+        prompt = [rng.randint(1, 999) for _ in range(rng.randint(3, 20))]
+        eps = [_shared_episode(rng, prompt) for _ in range(rng.randint(1, 5))]
+        groups.append(Group(group_id=g, example_id=g, dispatch_version=0, episodes=eps))
+    kwargs = dict(step=0, seq_len=48, num_ranks=2, temperature=1.0, advantage_cfg=AdvantageConfig())
+    plain = build_train_batch(groups, **kwargs)
+    shared = build_train_batch(groups, share_prefix=True, **kwargs)
+    assert sorted(_unpacked_samples(shared)) == sorted(_unpacked_samples(plain))  # same samples, same data
+    assert shared.num_loss_tokens == plain.num_loss_tokens
+    every = sum(len(e.token_ids) for g in groups for e in g.episodes)
+    assert shared.metrics["batch/sample_tokens"] == plain.metrics["batch/packed_tokens"] == every
+    assert shared.metrics["batch/packed_tokens"] < every
+    for rank in shared.micro_batches:
+        assert all(mb.num_tokens <= 48 for mb in rank)
+
+
+def test_shared_prefix_is_the_common_prompt_cut_before_the_first_loss_token():
+    rng = random.Random(2)
+    prompt = list(range(1, 11))
+    eps = [_shared_episode(rng, prompt) for _ in range(4)]
+    assert shared_prefix_length(eps) == 9  # the 10th prompt token opens every branch
+    eps[2].token_ids[4] = 5000  # one episode differs at token 4: only 4 tokens are shared
+    assert shared_prefix_length(eps) == 4
+    assert shared_prefix_length(eps[:1]) == 0
+    eps[0].token_ids[0] = 5000
+    assert shared_prefix_length(eps) == 0
+
+
+def test_shared_prefix_is_per_seat_and_groups_split_at_seq_len():
+    """Two seats with their own prompts share within the seat only; a group longer than seq_len is split
+    into units that each carry the prompt."""
+    rng = random.Random(3)
+    eps = [_shared_episode(rng, [1, 2, 3, 4, 5, 6], "white") for _ in range(3)]
+    eps += [_shared_episode(rng, [9, 8, 7, 6, 5, 4, 3], "black") for _ in range(3)]
+    g = Group(group_id=0, example_id=0, dispatch_version=0, episodes=eps)
+    batch = build_train_batch(
+        [g], step=0, seq_len=14, num_ranks=1, temperature=1.0, advantage_cfg=AdvantageConfig(),
+        share_prefix=True,
+    )  # fmt: skip
+    plain = build_train_batch([g], step=0, seq_len=14, num_ranks=1, temperature=1.0,
+                              advantage_cfg=AdvantageConfig())  # fmt: skip
+    assert sorted(_unpacked_samples(batch)) == sorted(_unpacked_samples(plain))
+    block_heads = [int(t) for mb in batch.micro_batches[0] for t in mb.input_ids[mb.position_ids == 0]]
+    # each seat's prompt opens its own blocks; white's 10 + 5 + 3 tokens exceed 14: split in two units
+    assert sorted(block_heads) == [1, 1, 9]
+    assert batch.metrics["batch/packed_tokens"] < batch.metrics["batch/sample_tokens"]
+    assert all(mb.num_tokens <= 14 for mb in batch.micro_batches[0])

@@ -99,3 +99,84 @@ def test_loss_mask_restricts_the_lm_head_to_loss_rows(model) -> None:
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, want[name], rtol=1e-5, atol=1e-6)
     model.zero_grad(set_to_none=True)
+
+
+def _group_rows(prompt: torch.Tensor, completions: list[torch.Tensor], shared: int):
+    """The same group packed unshared (every sample whole) and shared (first whole, then branches from
+    token `shared` on), as (ids, positions, loss mask) each."""
+    whole = [torch.cat([prompt, c]) for c in completions]
+    mask_of = [torch.arange(len(w)) >= len(prompt) for w in whole]
+    plain = (torch.cat(whole), torch.cat([torch.arange(len(w)) for w in whole]), torch.cat(mask_of))
+    ids = [whole[0]] + [w[shared:] for w in whole[1:]]
+    pos = [torch.arange(len(whole[0]))] + [torch.arange(shared, len(w)) for w in whole[1:]]
+    masks = [mask_of[0]] + [m[shared:] for m in mask_of[1:]]
+    return plain, (torch.cat(ids), torch.cat(pos), torch.cat(masks))
+
+
+def test_shared_prefix_row_equals_unshared_row(model) -> None:
+    """A group packed as one shared prompt + branches gives the loss tokens of the unshared packing the
+    same logprobs, entropies and parameter gradients; an unrelated sample packed after it is untouched."""
+    from prime_async.trainer.packed_rows import has_branches
+
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 1000, (11,), generator=g)
+    completions = [torch.randint(0, 1000, (n,), generator=g) for n in (5, 3, 7)]
+    other = torch.randint(0, 1000, (9,), generator=g)  # a second sample (another group) in the same row
+    weights = torch.randn(64, generator=g)
+    plain, shared = _group_rows(prompt, completions, shared=len(prompt) - 1)
+    results = []
+    for ids, pos, mask in (plain, shared):
+        ids, pos = torch.cat([ids, other]), torch.cat([pos, torch.arange(9)])
+        mask = torch.cat([mask, torch.arange(9) >= 4])
+        logp, ent = packed_logprobs(model, ids, pos, 0.9, loss_mask=mask)
+        (logp[mask] * weights[: int(mask.sum())]).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        results.append((logp[mask].detach(), ent[mask], grads, has_branches(pos), len(ids)))
+    (logp_a, ent_a, grads_a, branched_a, len_a), (logp_b, ent_b, grads_b, branched_b, len_b) = results
+    assert not branched_a and branched_b and len_b == len_a - 2 * (len(prompt) - 1)
+    torch.testing.assert_close(logp_b, logp_a, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent_b, ent_a, rtol=0, atol=1e-5)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-5)  # summation order differs
+
+
+def test_branches_do_not_see_each_other(model) -> None:
+    """Changing one branch's tokens changes no other branch's logprobs (nor the first sample's)."""
+    from prime_async.trainer.packed_rows import sample_starts
+
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 1000, (8,), generator=g)
+    completions = [torch.randint(0, 1000, (6,), generator=g) for _ in range(3)]
+    _, (ids, pos, _) = _group_rows(prompt, completions, shared=7)
+    changed = ids.clone()
+    second = slice(len(prompt) + 6, len(prompt) + 6 + 7)  # the second sample's branch
+    changed[second] = torch.randint(0, 1000, (7,), generator=g)
+    with torch.no_grad():
+        before, _ = packed_logprobs(model, ids, pos, 1.0)
+        after, _ = packed_logprobs(model, changed, pos, 1.0)
+    untouched = ~sample_starts(pos)  # a sample's first token is predicted from no context of its own
+    untouched[second] = False
+    torch.testing.assert_close(after[untouched], before[untouched], rtol=0, atol=1e-6)
+    assert not torch.allclose(after[second], before[second], atol=1e-4)
+
+
+def test_check_micro_batch_refuses_a_branch_longer_than_its_prefix() -> None:
+    import numpy as np
+
+    from prime_async.trainer.packed_rows import check_micro_batch
+    from prime_async.transport.types import MicroBatch
+
+    def row(positions: list[int], loss: list[bool]) -> MicroBatch:
+        n = len(positions)
+        return MicroBatch(
+            input_ids=np.arange(n, dtype=np.int32), position_ids=np.asarray(positions, dtype=np.int32),
+            loss_mask=np.asarray(loss), advantages=np.zeros(n, np.float32),
+            sampler_logprobs=np.zeros(n, np.float32), token_versions=np.full(n, -1, np.int32),
+        )  # fmt: skip
+
+    check_micro_batch(row([0, 1, 2, 3, 2, 3], [False, False, False, True, False, True]), 64, 7)
+    with pytest.raises(ValueError, match="batch 7: branch at token 3 continues 5 shared tokens"):
+        check_micro_batch(row([0, 1, 2, 5, 6], [False] * 5), 64, 7)
+    with pytest.raises(ValueError, match="loss token at a sample's first token"):
+        check_micro_batch(row([0, 1, 2, 3, 2, 3], [False, False, False, True, True, True]), 64, 7)

@@ -143,7 +143,7 @@ def test_train_step_rejects_non_finite_and_bad_rows(model) -> None:
     batch = _rank_batch()
     batch.micro_batches[0].loss_mask = batch.micro_batches[0].loss_mask.copy()
     batch.micro_batches[0].loss_mask[0] = True
-    with pytest.raises(ValueError, match="first position"):
+    with pytest.raises(ValueError, match="first token"):
         train_step(model, opt, sched, batch, cfg=cfg, loss_fn=build_loss_fn(cfg.loss), world_size=1)
     with pytest.raises(ValueError, match="seq_len"):
         train_step(

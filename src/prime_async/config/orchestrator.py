@@ -245,6 +245,13 @@ class OrchestratorConfig(BaseConfig):
     )
     sink: SinkConfig = Field(default_factory=SinkConfig, description="Train sink.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages.")
+    share_prompt_prefix: bool = Field(
+        True,
+        description="Pack the episodes of one group (per seat) as their common prompt once plus a branch "
+        "per episode, so the trainer runs the shared tokens once per group instead of once per episode "
+        "(same logprobs and gradients; fsdp runs an explicit attention mask for such rows, megatron "
+        "expands them back). false = every episode whole.",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
     seed: int = Field(0, description="Seed of the data order (and, when deterministic, of sampling).")
     deterministic: bool = Field(

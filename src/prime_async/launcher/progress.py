@@ -70,10 +70,11 @@ class ProgressView:
             f"loss {_fmt(train.get('loss/total'))}",
             f"mismatch_kl {_fmt(train.get('mismatch_kl'), 4)}",
             # rollout: completion tokens of the episodes that finished since the last step, per wall-clock
-            # second (waits for the trainer included, so below the engines' decode rate); train: tokens
-            # the trainer processed per second of its forward/backward/optimizer step
+            # second (waits for the trainer included, so below the engines' decode rate); train: episode
+            # tokens trained per second of its forward/backward/optimizer step (a shared prompt counted
+            # once per episode, so sharing shows as speed)
             f"rollout {_fmt(orch.get('rollout/tokens_per_s'), 0)} tok/s",
-            f"train {_fmt(train.get('perf/tokens_per_s'), 0)} tok/s",
+            f"train {_fmt(train.get('perf/sample_tokens_per_s', train.get('perf/tokens_per_s')), 0)} tok/s",
             f"ETA {eta:5.0f}s",
         ]
         logger.info(" | ".join(parts))

@@ -1,15 +1,26 @@
 """Batch building: group-relative advantages, then packing samples into micro-batches per trainer rank.
 
-    groups ──advantages──► samples ──first-fit-decreasing into rows of <= seq_len──► rows
+    groups ──advantages──► samples ──per seat: shared prompt + branches──► units
+    units ──first-fit-decreasing into rows of <= seq_len──► rows
     rows ──longest-first onto the rank with fewest tokens──► TrainBatch.micro_batches[rank]
+
+Shared prefixes (`share_prefix`): the episodes of one seat of a group start with the same prompt tokens.
+A unit packs them as the first episode whole, then every other episode as a *branch*: only its tokens
+from position S on, with `position_ids` continuing at S (see `transport/types.py` for the row layout), so
+the trainer runs the S shared tokens once instead of once per episode. S is the longest common prefix,
+cut so that every branch starts with a non-loss token (its first loss token is then predicted inside
+the branch, from context that includes the shared tokens).
 
 Invariants:
 - advantage of an episode = reward - mean(rewards of its seat in the group) (divided by std + eps when
   `std_normalize`), written on its loss tokens, 0.0 elsewhere: each seat of a multi-agent env is its
   own baseline (the seats of one game play different roles with different reward scales); a
   single-agent group is one seat, so this is the plain group-relative advantage;
-- every sample is whole inside one micro-batch of <= seq_len tokens and `position_ids` restart at 0 at
-  each sample (the sink already truncated or dropped longer episodes);
+- every sample is whole inside one micro-batch of <= seq_len tokens (a branch together with the sample
+  that holds its shared prefix); `position_ids` restart at 0 at each unshared sample and continue at S at
+  each branch (the sink already truncated or dropped longer episodes);
+- a branch's first token is never a loss token, and its S shared tokens equal the first S tokens of the
+  unit's first sample;
 - every rank gets the same number of micro-batches (FSDP ranks must run the same number of steps): a rank
   short of rows gets 1-token padding rows with loss_mask False;
 - `num_loss_tokens` counts loss tokens over all ranks; `min_dispatch_version` is the oldest group's.
@@ -57,34 +68,80 @@ def seat_advantages(group: Group, cfg: AdvantageConfig) -> list[float]:
     return out
 
 
-def _pack_rows(samples: list[_Sample], seq_len: int) -> list[list[_Sample]]:
-    """First-fit decreasing: few rows, each of <= seq_len tokens."""
-    rows: list[list[_Sample]] = []
-    free: list[int] = []
+@dataclass
+class _Unit:
+    """Samples packed next to each other in one row: the first whole, each later one from token `shared`
+    on (a branch; `shared` = 0: every sample whole)."""
+
+    samples: list[_Sample]
+    shared: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.samples) - self.shared * (len(self.samples) - 1)
+
+
+def shared_prefix_length(episodes: list[Episode]) -> int:
+    """S: the first S tokens of every episode are equal, and token S of each is not a loss token (each
+    branch starts with a context token), and every episode is longer than S. 0 when under two episodes."""
+    if len(episodes) < 2:
+        return 0
+    first = np.asarray(episodes[0].token_ids)
+    limit = min(len(ep.token_ids) for ep in episodes) - 1
+    for ep in episodes:
+        mask = np.asarray(ep.loss_mask, dtype=np.bool_)
+        loss_at = np.flatnonzero(mask)
+        limit = min(limit, int(loss_at[0]) - 1 if loss_at.size else limit)
+        ids = np.asarray(ep.token_ids[: limit + 1])
+        differ = np.flatnonzero(ids != first[: ids.shape[0]])
+        if differ.size:
+            limit = min(limit, int(differ[0]))
+    return max(limit, 0)
+
+
+def _group_units(samples: list[_Sample], seq_len: int, share_prefix: bool) -> list[_Unit]:
+    """One seat's samples of one group -> units of <= seq_len tokens (shared prefix when it saves)."""
+    shared = shared_prefix_length([s.episode for s in samples]) if share_prefix else 0
+    if shared == 0:
+        return [_Unit([s]) for s in samples]
+    units: list[_Unit] = []
     for sample in sorted(samples, key=lambda s: s.num_tokens, reverse=True):
-        assert sample.num_tokens <= seq_len, f"sample of {sample.num_tokens} tokens > seq_len {seq_len}"
+        if units and units[-1].num_tokens + sample.num_tokens - shared <= seq_len:
+            units[-1].samples.append(sample)
+        else:
+            units.append(_Unit([sample], shared))
+    return units
+
+
+def _pack_rows(units: list[_Unit], seq_len: int) -> list[list[_Unit]]:
+    """First-fit decreasing: few rows, each of <= seq_len tokens."""
+    rows: list[list[_Unit]] = []
+    free: list[int] = []
+    for unit in sorted(units, key=lambda u: u.num_tokens, reverse=True):
+        assert unit.num_tokens <= seq_len, f"sample of {unit.num_tokens} tokens > seq_len {seq_len}"
         for i, room in enumerate(free):
-            if sample.num_tokens <= room:
-                rows[i].append(sample)
-                free[i] -= sample.num_tokens
+            if unit.num_tokens <= room:
+                rows[i].append(unit)
+                free[i] -= unit.num_tokens
                 break
         else:
-            rows.append([sample])
-            free.append(seq_len - sample.num_tokens)
+            rows.append([unit])
+            free.append(seq_len - unit.num_tokens)
     return rows
 
 
-def _row_to_micro_batch(row: list[_Sample]) -> MicroBatch:
+def _row_to_micro_batch(row: list[_Unit]) -> MicroBatch:
     input_ids, positions, mask, adv, logp, versions = [], [], [], [], [], []
-    for s in row:
-        ep = s.episode
-        n = len(ep.token_ids)
-        input_ids.extend(ep.token_ids)
-        positions.extend(range(n))
-        mask.extend(ep.loss_mask)
-        adv.extend(s.advantage if m else 0.0 for m in ep.loss_mask)
-        logp.extend(lp if m else 0.0 for lp, m in zip(ep.sampler_logprobs, ep.loss_mask, strict=True))
-        versions.extend(v if m else -1 for v, m in zip(ep.token_versions, ep.loss_mask, strict=True))
+    for unit in row:
+        for i, s in enumerate(unit.samples):
+            ep, start = s.episode, (unit.shared if i else 0)
+            loss = ep.loss_mask[start:]
+            input_ids.extend(ep.token_ids[start:])
+            positions.extend(range(start, len(ep.token_ids)))
+            mask.extend(loss)
+            adv.extend(s.advantage if m else 0.0 for m in loss)
+            logp.extend(lp if m else 0.0 for lp, m in zip(ep.sampler_logprobs[start:], loss, strict=True))
+            versions.extend(v if m else -1 for v, m in zip(ep.token_versions[start:], loss, strict=True))
     return MicroBatch(
         input_ids=np.asarray(input_ids, dtype=np.int32),
         position_ids=np.asarray(positions, dtype=np.int32),
@@ -106,14 +163,14 @@ def _padding_micro_batch() -> MicroBatch:
     )
 
 
-def _balance(rows: list[list[_Sample]], num_ranks: int) -> list[list[list[_Sample]]]:
+def _balance(rows: list[list[_Unit]], num_ranks: int) -> list[list[list[_Unit]]]:
     """Longest rows first onto the rank with the fewest tokens (LPT), ties to the fewest rows."""
-    per_rank: list[list[list[_Sample]]] = [[] for _ in range(num_ranks)]
+    per_rank: list[list[list[_Unit]]] = [[] for _ in range(num_ranks)]
     load = [0] * num_ranks
-    for row in sorted(rows, key=lambda r: sum(s.num_tokens for s in r), reverse=True):
+    for row in sorted(rows, key=lambda r: sum(u.num_tokens for u in r), reverse=True):
         rank = min(range(num_ranks), key=lambda i: (load[i], len(per_rank[i])))
         per_rank[rank].append(row)
-        load[rank] += sum(s.num_tokens for s in row)
+        load[rank] += sum(u.num_tokens for u in row)
     return per_rank
 
 
@@ -125,20 +182,27 @@ def build_train_batch(
     num_ranks: int,
     temperature: float,
     advantage_cfg: AdvantageConfig,
+    share_prefix: bool = False,
 ) -> TrainBatch:
-    """Turn the groups of one batch cut into the TrainBatch of trainer step `step`."""
+    """Turn the groups of one batch cut into the TrainBatch of trainer step `step`; `share_prefix`: pack
+    each seat's episodes of a group as one shared prefix plus branches."""
     assert groups, "build_train_batch needs at least one group"
-    samples: list[_Sample] = []
+    units: list[_Unit] = []
     for group in groups:
-        for ep, adv in zip(group.episodes, seat_advantages(group, advantage_cfg), strict=True):
-            samples.append(_Sample(ep, adv))
-    per_rank = _balance(_pack_rows(samples, seq_len), num_ranks)
+        advantages = seat_advantages(group, advantage_cfg)
+        for indices in group.seats().values():
+            samples = [_Sample(group.episodes[i], advantages[i]) for i in indices]
+            units.extend(_group_units(samples, seq_len, share_prefix))
+    per_rank = _balance(_pack_rows(units, seq_len), num_ranks)
     num_rows = max(len(rows) for rows in per_rank)
     micro_batches = [
         [_row_to_micro_batch(r) for r in rows] + [_padding_micro_batch() for _ in range(num_rows - len(rows))]
         for rows in per_rank
     ]
+    sample_tokens = sum(s.num_tokens for u in units for s in u.samples)
+    packed_tokens = sum(u.num_tokens for u in units)
     return TrainBatch(
+        metrics={"batch/sample_tokens": float(sample_tokens), "batch/packed_tokens": float(packed_tokens)},
         step=step,
         micro_batches=micro_batches,
         num_loss_tokens=sum(mb.num_loss_tokens for rank in micro_batches for mb in rank),

@@ -230,6 +230,7 @@ async def run_loop(
                 num_ranks=cfg.num_train_ranks,
                 temperature=cfg.sampling.temperature,
                 advantage_cfg=cfg.advantage,
+                share_prefix=cfg.share_prompt_prefix,
             )
             if on_step is not None:
                 on_step(step, groups)
@@ -239,6 +240,7 @@ async def run_loop(
                 save_checkpoint(cfg.output_dir, step, checkpoint_state(comps))
             now = clock()
             metrics = _step_metrics(comps, groups, step, time_step=now - last, wait_data=wait_data)
+            metrics.update(batch.metrics)  # batch/sample_tokens, batch/packed_tokens
             last = now
             log_metrics(metrics, step)
         if evaluator is not None:

@@ -1,14 +1,19 @@
 """Packed micro-batch rows as both backends train them: validation, the padding row, per-token logprobs.
 
-A row packs several samples; `position_ids` restart at 0 per sample, and the token at a sample's first
-position has no context, so it never carries loss. Invariants:
+A row packs several samples (layout: `transport/types.py`). A sample starts at index 0 and wherever a
+position is not the previous one + 1: at 0 (an unshared sample, or the first sample of a shared prefix)
+or at S > 0 (a *branch*: it continues the first S tokens of the last sample that started at 0). A token
+sees the earlier tokens of its own sample and, in a branch, the S shared tokens; the first token of a
+sample or branch is predicted from no context of its own, so it never carries loss. Invariants:
 - `logprobs_from_logits` is the one logits -> (logprob, entropy) definition, reached through
   `packed_logprobs` (FSDP: HF model) or `scatter_rows` (megatron: its own logits), so both backends train
   the same quantity;
 - with a loss mask, logprobs and entropies are computed on loss tokens only (0 elsewhere): the vocab-sized
   LM head and softmax never run on prompt positions;
-- `sample_ids` is the one definition of where a packed sample starts (position_ids == 0, and index 0), the
-  same one `megatron/batch.py::sample_bounds` splits rows at;
+- `sample_starts` is the one definition of where a packed sample starts, the same one
+  `megatron/batch.py::sample_bounds` splits rows at; `attention_mask` is the one definition of what a
+  token sees (only built for rows with branches: other rows are plain restarts at 0, which HF masks
+  from `position_ids` alone);
 - the padding row has no loss token: a rank (or replica) with fewer rows runs it to keep collectives in step.
 """
 
@@ -67,11 +72,53 @@ def packed_logprobs(
 def row_logits(
     model, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor
 ) -> torch.Tensor:
-    """Forward of one packed row (T,) through an HF causal LM; logits (N, V) of positions `rows` only."""
+    """Forward of one packed row (T,) through an HF causal LM; logits (N, V) of positions `rows` only.
+    A row with branches runs with its explicit (1, 1, T, T) mask (True = attend, SDPA's convention)."""
+    mask = None
+    if has_branches(position_ids):
+        mask = attention_mask(position_ids)[None, None]
     out = model(
-        input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False, logits_to_keep=rows
+        input_ids=input_ids[None],
+        position_ids=position_ids[None],
+        attention_mask=mask,
+        use_cache=False,
+        logits_to_keep=rows,
     )
     return out.logits[0]
+
+
+def sample_starts(position_ids: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """(T,) bool: True where a packed sample starts (index 0, and every position that is not the
+    previous one + 1: a restart at 0 or a branch's jump back to S)."""
+    starts = position_ids[1:] != position_ids[:-1] + 1
+    head = min(1, position_ids.shape[0])
+    if isinstance(position_ids, np.ndarray):
+        return np.concatenate([np.ones(head, dtype=np.bool_), starts])
+    return torch.cat([torch.ones(head, dtype=torch.bool, device=position_ids.device), starts])
+
+
+def has_branches(position_ids: torch.Tensor | np.ndarray) -> bool:
+    """Whether some sample of the row starts at a position > 0 (continues a shared prefix)."""
+    starts = sample_starts(position_ids)
+    return bool((position_ids[starts] > 0).any())
+
+
+def attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """(T, T) bool, True where query token i may attend key token j: j <= i in the same sample, or j one
+    of the S tokens a branch (starting at position S) shares with the first sample of its block."""
+    pos = position_ids
+    starts = sample_starts(pos)
+    sample = torch.cumsum(starts.long(), 0) - 1
+    block = torch.cumsum((pos == 0).long(), 0) - 1  # a block starts at position 0
+    block.clamp_(min=0)
+    start_pos = pos[starts][sample]  # position each token's sample starts at (0 or S)
+    first_sample_of_block = sample[pos == 0]  # one entry per block, in order
+    in_first = sample == first_sample_of_block[block]
+    idx = torch.arange(pos.shape[0], device=pos.device)
+    causal = idx[None, :] <= idx[:, None]
+    same_sample = sample[:, None] == sample[None, :]
+    shared = (block[:, None] == block[None, :]) & in_first[None, :] & (pos[None, :] < start_pos[:, None])
+    return causal & (same_sample | shared)
 
 
 def scatter_rows(
@@ -85,11 +132,8 @@ def scatter_rows(
 
 
 def sample_ids(position_ids: np.ndarray) -> np.ndarray:
-    """(T,) int64: index of each token's packed sample in the row, counting from 0."""
-    starts = position_ids == 0
-    if starts.shape[0]:
-        starts[0] = True
-    return np.cumsum(starts, dtype=np.int64) - 1
+    """(T,) int64: index of each token's packed sample (branches included) in the row, counting from 0."""
+    return np.cumsum(sample_starts(np.asarray(position_ids)), dtype=np.int64) - 1
 
 
 def padding_micro_batch() -> MicroBatch:
@@ -105,8 +149,25 @@ def padding_micro_batch() -> MicroBatch:
 
 
 def check_micro_batch(mb: MicroBatch, seq_len: int, step: int) -> None:
-    """Refuse a row longer than `seq_len` or with a loss token at a sample's first position."""
+    """Refuse a row longer than `seq_len`, with a loss token at a sample's first token, or with a branch
+    that shares more tokens than the first sample of its block has (or has no such sample)."""
     if mb.num_tokens > seq_len:
         raise ValueError(f"batch {step}: micro-batch of {mb.num_tokens} tokens exceeds seq_len={seq_len}")
-    if bool((mb.loss_mask & (mb.position_ids == 0)).any()):
-        raise ValueError(f"batch {step}: loss token at a sample's first position (it has no context)")
+    starts = sample_starts(np.asarray(mb.position_ids))
+    if bool((mb.loss_mask & starts).any()):
+        raise ValueError(f"batch {step}: loss token at a sample's first token (it has no context)")
+    first_len = 0  # length of the current block's first sample
+    for start, end in zip(*_bounds(starts), strict=True):
+        shared = int(mb.position_ids[start])
+        if shared == 0:
+            first_len = end - start
+        elif shared > first_len:
+            raise ValueError(
+                f"batch {step}: branch at token {start} continues {shared} shared tokens, but its block's "
+                f"first sample has {first_len}"
+            )
+
+
+def _bounds(starts: np.ndarray) -> tuple[list[int], list[int]]:
+    begin = np.flatnonzero(starts).tolist()
+    return begin, [*begin[1:], int(starts.shape[0])]

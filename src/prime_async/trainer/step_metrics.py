@@ -11,19 +11,23 @@ from prime_async.transport.zmq_batches import RankBatch
 def timing_metrics(
     batch: RankBatch, *, t_start: float, t_batch: float, t_trained: float, t_published: float
 ) -> dict[str, float]:
-    """`time/*`, `perf/tokens_per_s` (whole batch, all ranks) and the batch's loss-token count."""
+    """`time/*`, `perf/tokens_per_s` (tokens the model ran, whole batch, all ranks),
+    `perf/sample_tokens_per_s` (episode tokens trained: a shared prompt counts once per episode, as if
+    unshared; equal to the former without shared prefixes) and the batch's loss-token count."""
     num_tokens = sum(sum(rank) for rank in batch.layout)
+    seconds = max(t_trained - t_batch, 1e-9)
     return {
         "time/wait_for_batch": t_batch - t_start,
         "time/train": t_trained - t_batch,
         "time/publish_weights": t_published - t_trained,
-        "perf/tokens_per_s": num_tokens / max(t_trained - t_batch, 1e-9),
+        "perf/tokens_per_s": num_tokens / seconds,
+        "perf/sample_tokens_per_s": batch.metrics.get("batch/sample_tokens", num_tokens) / seconds,
         "loss/num_loss_tokens": batch.num_loss_tokens,
     }
 
 
 def log_step(logger: logging.Logger, step: int, metrics: dict[str, Any]) -> None:
-    """One console line per step: loss, mismatch KL, entropy (when computed), grad norm, tokens/s."""
+    """One console line per step: loss, mismatch KL, entropy (when computed), grad norm, episode tokens/s."""
     entropy = f" | entropy {metrics['entropy']:.3f}" if "entropy" in metrics else ""
     logger.info(
         "step %d | loss %.4f | mismatch_kl %.2e%s | grad_norm %.3f | %.0f tok/s",
@@ -32,7 +36,7 @@ def log_step(logger: logging.Logger, step: int, metrics: dict[str, Any]) -> None
         metrics["mismatch_kl"],
         entropy,
         metrics["optim/grad_norm"],
-        metrics["perf/tokens_per_s"],
+        metrics.get("perf/sample_tokens_per_s", metrics["perf/tokens_per_s"]),
     )
 
 

@@ -4,7 +4,12 @@ The wire encoding lives in `transport/wire.py` (msgspec header + raw array frame
 
 Invariants:
 - every array of a `MicroBatch` has the same length T <= seq_len;
-- `position_ids` restart at 0 at every packed sample, so attention never crosses samples;
+- row layout: `position_ids` restart at 0 at every packed sample, so attention never crosses samples;
+  a *branch* is a sample whose positions start at S > 0 instead: it continues the first S tokens of the
+  last sample that started at 0 (its block's first sample, whose first S tokens equal the branch's own
+  first S, which are not repeated), and sees those S tokens plus its own (the orchestrator packs a
+  group's common prompt this way, `orchestrator/batching.py`; `trainer/packed_rows.py` reads it);
+- a sample's (or branch's) first token is never a loss token;
 - `loss_mask` is True exactly on sampled completion tokens (never prompt, tool, user or template tokens);
 - `sampler_logprobs` are the logprobs recorded at sampling time (0.0 where `loss_mask` is False);
 - `token_versions` hold the weight version each token was sampled under (-1 where unknown / not sampled).
