@@ -1,19 +1,26 @@
 """Trainer step throughput on the demo model, before/after side by side, with a phase breakdown.
 
 Usage:
-    uv run python scripts/bench_trainer.py                                  # SmolLM2 demo model
-    uv run python scripts/bench_trainer.py --prompt-len 32 --completion-len 16 --compile
+    uv run python scripts/bench_trainer.py                                  # SmolLM2, echo_text's shape
+    uv run python scripts/bench_trainer.py --prompt-len 100 --completion-len 32 --group-size 4 --compile
 
-One batch shaped like the demo's (`--episodes` samples of `--prompt-len` prompt + `--completion-len`
-sampled tokens, packed first-fit into rows of `--seq-len`; sampler logprobs = the model's own plus
-noise) is trained by each side in turn, `--repeats` steps each, alternating; medians are printed:
+One batch shaped like the demo's (`--episodes` episodes in groups of `--group-size` that share a
+`--prompt-len`-token prompt, each with up to `--completion-len` sampled tokens; sampler logprobs = the
+model's own plus noise) is built by the orchestrator's own `build_train_batch` and trained by each side
+in turn, `--repeats` steps each, alternating; medians are printed:
 
-- `before`: the step as the trainer ran it before: logits of every position, `log_softmax` over the
-  whole vocab then gather, single-tensor AdamW (torch's CPU default);
+- `before`: the step as the trainer ran it two changes ago: logits of every position, `log_softmax` over
+  the whole vocab then gather, single-tensor AdamW (torch's CPU default); every episode packed whole;
 - `after`: the trainer's code (`trainer/fsdp.py`, `trainer/packed_rows.py`, `trainer/optim.py`): LM head
-  only on the positions that predict loss tokens, logsumexp-based gather, fused AdamW;
-- `after+compile` (with `--compile`): the same with `compile = true` (each decoder layer compiled);
+  only on the positions that predict loss tokens, logsumexp-based gather, fused AdamW; every episode
+  packed whole (`share_prompt_prefix = false`);
+- `shared`: the same code on the batch packed with `share_prompt_prefix = true` (the default): each
+  group's prompt runs once, its episodes are branches after it;
+- `shared+compile` (with `--compile`): the same with `compile = true` (each decoder layer compiled);
   its first step (compilation) is reported separately.
+
+`tokens/s` counts episode tokens (prompt + completion of every episode, a shared prompt once per
+episode), so the sides are comparable: the work done, not the tokens the model ran.
 
 Phases: `pack` (row arrays -> tensors), `forward` (model up to the logits), `logprobs` (logits ->
 logprob, entropy), `loss` (loss fn + statistics), `backward`, `optim` (clip + AdamW + schedule).
@@ -33,8 +40,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from prime_async.config.orchestrator import AdvantageConfig
 from prime_async.config.trainer import TrainerConfig
-from prime_async.testing.synthetic import make_micro_batch
+from prime_async.orchestrator.batching import build_train_batch
+from prime_async.orchestrator.types import Episode, Group
 from prime_async.trainer.fsdp import RowTensors, load_model, row_loss, train_step
 from prime_async.trainer.loss import build_loss_fn
 from prime_async.trainer.optim import build_optimizer, build_scheduler
@@ -66,10 +75,11 @@ def _lap(clock: dict[str, float], phase: str, since: float) -> float:
 
 
 class Side:
-    """A model + optimizer trained with one variant of the step."""
+    """A model + optimizer trained with one variant of the step, on batches packed with or without
+    shared prompts."""
 
-    def __init__(self, name: str, cfg: TrainerConfig, *, new_path: bool):
-        self.name, self.cfg, self.new_path = name, cfg, new_path
+    def __init__(self, name: str, cfg: TrainerConfig, *, new_path: bool, shared: bool):
+        self.name, self.cfg, self.new_path, self.shared = name, cfg, new_path, shared
         model = load_model(cfg, torch.device("cpu"))
         self.model = parallelize(model, activation_checkpointing=False, compile=cfg.compile)
         if new_path:
@@ -127,33 +137,44 @@ class Side:
         return _clock() - tick
 
 
-def first_fit(lengths: list[int], seq_len: int) -> list[list[int]]:
-    rows: list[list[int]] = []
-    for n in sorted(lengths, reverse=True):
-        row = next((r for r in rows if sum(r) + n <= seq_len), None)
-        if row is None:
-            rows.append([n])
-        else:
-            row.append(n)
-    return rows
-
-
-def demo_batch(model, args) -> RankBatch:
-    """The demo-shaped batch; sampler logprobs = the model's own logprobs plus small noise."""
+def demo_groups(model, args) -> list[Group]:
+    """Groups of `--group-size` episodes sharing a random prompt, completions of [max/2, max] tokens;
+    sampler logprobs = the model's own logprobs plus small noise."""
     rng = np.random.default_rng(0)
-    completions = rng.integers(max(1, args.completion_len // 2), args.completion_len + 1, args.episodes)
-    layout = first_fit([args.prompt_len + int(c) for c in completions], args.seq_len)
     vocab = model.config.vocab_size
-    mbs = [make_micro_batch(rng, row, vocab=vocab, prompt_len=args.prompt_len) for row in layout]
-    for mb in mbs:
-        row = RowTensors.of(mb, torch.device("cpu"))
-        with torch.no_grad():
-            logp, _ = packed_logprobs(model, row.ids, row.pos, 1.0, loss_mask=row.mask)
-        noisy = logp.numpy() + 0.05 * rng.standard_normal(logp.shape[0])
-        mb.sampler_logprobs = np.where(mb.loss_mask, noisy, 0).astype(np.float32)
+    groups = []
+    for g in range(-(-args.episodes // args.group_size)):
+        prompt = rng.integers(0, vocab, args.prompt_len).tolist()
+        episodes = []
+        for _ in range(min(args.group_size, args.episodes - g * args.group_size)):
+            n = int(rng.integers(max(1, args.completion_len // 2), args.completion_len + 1))
+            ids = prompt + rng.integers(0, vocab, n).tolist()
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids])).logits[0, args.prompt_len - 1 : -1]
+            logp = torch.log_softmax(logits.float(), -1).gather(
+                -1, torch.tensor(ids[args.prompt_len :])[:, None]
+            )
+            noisy = logp[:, 0].numpy() + 0.05 * rng.standard_normal(n)
+            episodes.append(Episode(
+                example_id=g, token_ids=ids, loss_mask=[False] * args.prompt_len + [True] * n,
+                sampler_logprobs=[0.0] * args.prompt_len + noisy.tolist(),
+                token_versions=[-1] * args.prompt_len + [0] * n, reward=float(rng.random()),
+            ))  # fmt: skip
+        groups.append(Group(group_id=g, example_id=g, dispatch_version=0, episodes=episodes))
+    return groups
+
+
+def demo_batch(groups: list[Group], args, *, shared: bool) -> RankBatch:
+    """The orchestrator's packing of `groups` (with or without shared prompts) as rank 0's batch."""
+    batch = build_train_batch(
+        groups, step=0, seq_len=args.seq_len, num_ranks=1, temperature=1.0,
+        advantage_cfg=AdvantageConfig(), share_prefix=shared,
+    )  # fmt: skip
+    mbs = batch.micro_batches[0]
     return RankBatch(
         step=0, rank=0, micro_batches=mbs, layout=[[mb.num_tokens for mb in mbs]],
-        num_loss_tokens=sum(mb.num_loss_tokens for mb in mbs), temperature=1.0, min_dispatch_version=0,
+        num_loss_tokens=batch.num_loss_tokens, temperature=1.0, min_dispatch_version=0,
+        metrics=batch.metrics,
     )  # fmt: skip
 
 
@@ -181,32 +202,36 @@ def load_cfg(args, *, compile: bool) -> TrainerConfig:
 
 
 def build_sides(args) -> list[Side]:
-    sides = [Side("before", load_cfg(args, compile=False), new_path=False)]
-    sides.append(Side("after", load_cfg(args, compile=False), new_path=True))
+    sides = [Side("before", load_cfg(args, compile=False), new_path=False, shared=False)]
+    sides.append(Side("after", load_cfg(args, compile=False), new_path=True, shared=False))
+    sides.append(Side("shared", load_cfg(args, compile=False), new_path=True, shared=True))
     if args.compile:
-        sides.append(Side("after+compile", load_cfg(args, compile=True), new_path=True))
+        sides.append(Side("shared+compile", load_cfg(args, compile=True), new_path=True, shared=True))
     return sides
 
 
-def run_rounds(sides: list[Side], batch: RankBatch, repeats: int) -> dict[str, list[dict[str, float]]]:
+def run_rounds(
+    sides: list[Side], batches: dict[bool, RankBatch], repeats: int
+) -> dict[str, list[dict[str, float]]]:
     """Alternating timed steps (order rotated each round) after one untimed warm-up step per side
     (optimizer state allocation; compilation, whose time is printed)."""
     for side in sides:
         tick = _clock()
-        side.timed_step(batch)
+        side.timed_step(batches[side.shared])
         if side.cfg.compile:
             print(f"{side.name}: first step (compilation) {_clock() - tick:.1f} s", flush=True)
     samples: dict[str, list[dict[str, float]]] = {s.name: [] for s in sides}
     for r in range(repeats):
         for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
+            batch = batches[side.shared]
             samples[side.name].append(side.timed_step(batch))
             if side.new_path:
                 samples[side.name][-1]["train_step"] = side.real_step(batch)
     return samples
 
 
-def print_table(samples: dict[str, list[dict[str, float]]], batch: RankBatch) -> None:
-    tokens = sum(mb.num_tokens for mb in batch.micro_batches)
+def print_table(samples: dict[str, list[dict[str, float]]], tokens: float) -> None:
+    """Median phase times per side and episode tokens per second (`tokens` per step on every side)."""
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in samples.items()}
     columns = " ".join(f"{p:>9}" for p in (*PHASES, "total"))
     print(f"{'side':>14} {columns} {'tokens/s':>9} {'vs before':>9} {'train_step':>10}   (medians)")
@@ -221,10 +246,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=Path("models/smollm2-135m-instruct"))
     parser.add_argument("--config", type=Path, default=Path("configs/reverse_text/trainer.toml"))
-    parser.add_argument("--episodes", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=100)
-    parser.add_argument("--completion-len", type=int, default=32, help="max; lengths drawn in [max/2, max]")
-    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--episodes", type=int, default=12)
+    parser.add_argument("--group-size", type=int, default=6, help="episodes sharing one prompt")
+    parser.add_argument("--prompt-len", type=int, default=40)
+    parser.add_argument("--completion-len", type=int, default=16, help="max; lengths drawn in [max/2, max]")
+    parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=sorted(_CLOCKS), default="wall", help="wall or CPU seconds")
@@ -243,15 +269,18 @@ def main() -> None:
 
         ensure_smollm2(args.model_dir)
     sides = build_sides(args)
-    batch = demo_batch(sides[0].model, args)
-    tokens = sum(mb.num_tokens for mb in batch.micro_batches)
-    print(f"model {args.model_dir}, {args.episodes} episodes x ({args.prompt_len} prompt + <= "
-          f"{args.completion_len} completion) = {tokens} tokens ({batch.num_loss_tokens} loss tokens) in "
-          f"{len(batch.micro_batches)} rows of <= {args.seq_len}; threads {args.threads}, repeats "
+    groups = demo_groups(sides[0].model, args)
+    batches = {shared: demo_batch(groups, args, shared=shared) for shared in (False, True)}
+    tokens = batches[False].metrics["batch/sample_tokens"]
+    print(f"model {args.model_dir}, {args.episodes} episodes in groups of {args.group_size} x "
+          f"({args.prompt_len} prompt + <= {args.completion_len} completion) = {tokens:.0f} episode tokens "
+          f"({batches[False].num_loss_tokens} loss tokens); unshared {len(batches[False].micro_batches)} "
+          f"rows, shared {batches[True].metrics['batch/packed_tokens']:.0f} tokens in "
+          f"{len(batches[True].micro_batches)} rows of <= {args.seq_len}; threads {args.threads}, repeats "
           f"{args.repeats}, clock {args.clock}")  # fmt: skip
     print(f"logprob gather: max |new - log_softmax+gather| on loss tokens = "
-          f"{gather_difference(sides[1], batch):.2e}", flush=True)  # fmt: skip
-    print_table(run_rounds(sides, batch, args.repeats), batch)
+          f"{gather_difference(sides[1], batches[False]):.2e}", flush=True)  # fmt: skip
+    print_table(run_rounds(sides, batches, args.repeats), tokens)
 
 
 if __name__ == "__main__":
