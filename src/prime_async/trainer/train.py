@@ -157,6 +157,8 @@ class Trainer:
         t3 = time.perf_counter()
         self.step = n + 1
         if self.cfg.ckpt.interval is not None and self.step % self.cfg.ckpt.interval == 0:
+            if self.weight_sync is not None:  # a restart from this checkpoint loads its version
+                self.weight_sync.flush()
             self.backend.save_checkpoint(
                 output_dir=self.cfg.output_dir, step=self.step, keep=self.cfg.ckpt.keep
             )
@@ -172,6 +174,8 @@ class Trainer:
                 if self.monitor is not None:
                     self.monitor.log(metrics, step=n)
                     log_step(logger, n, metrics)
+            if self.weight_sync is not None:
+                self.weight_sync.flush()  # the last version is written and announced before exit
         finally:
             self.receiver.close()
             if self.weight_sync is not None:

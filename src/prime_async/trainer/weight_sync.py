@@ -1,7 +1,8 @@
 """Trainer rank 0's side of weight transfer: publish each version and announce it; serve broadcasts.
 
     Trainer.publish(n) ──► WeightSync.publish(state, n)
-        filesystem:  WeightPublisher writes broadcasts/step_n/ (+ STABLE)          ──► Published(n)
+        filesystem:  snapshot (a copy), then on the writer thread: WeightPublisher writes
+                     broadcasts/step_n/ (+ STABLE)                                  ──► Published(n)
         distributed: state kept in memory (the newest KEEP_SNAPSHOTS versions), on disk only at
                      checkpoint steps and the last step (restarts load from there) ──► Published(n, buckets)
     control thread (transport/control.py), on the orchestrator's requests:
@@ -9,7 +10,12 @@
         SendWeights ──► ack (version held) or refuse; broadcast every bucket in order; reply done
 
 Invariants: a version is announced only after it exists (STABLE written / snapshot stored); a snapshot
-is a copy, never a view of parameters that later optimizer steps change; buckets are the ones
+is a copy, never a view of parameters that later optimizer steps change; filesystem versions are written
+on one writer thread in version order, at most one at a time: `publish(n + 1)` first waits until version
+n is written and announced (and raises its error), so training step n + 1 overlaps the write of n, memory
+holds at most one extra copy of the weights, and `flush()` (before a checkpoint, at the end of the run)
+leaves nothing unwritten; only versions a restart may load (checkpoint steps, the last step) are fsynced
+(`durable`): the engines read the others through the page cache; buckets are the ones
 announced in `Published` (same names, dtypes, shapes, order); the broadcasts run on the control thread,
 so training goes on meanwhile (a separate group: no collective of the training group is involved).
 """
@@ -20,6 +26,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -42,6 +49,11 @@ logger = logging.getLogger(__name__)
 KEEP_SNAPSHOTS = 2  # the newest and the one the orchestrator may still be loading
 
 
+def _snapshot(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A CPU copy of `state` (never a view: the optimizer changes the parameters while it is written)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
 class WeightSync:
     """Publishes versions by `cfg.weights.transport` and answers the orchestrator's control requests."""
 
@@ -56,16 +68,20 @@ class WeightSync:
         self._group_backend = "gloo"
         port = cfg.weights.resolved_control_port(cfg.transport)
         self.control = ControlClient(cfg.transport.host, port, handler=self._handle, device=device.type)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-writer")
+        self._pending: Future | None = None  # the filesystem version being written, if any
 
     def publish(
         self, state: dict[str, torch.Tensor], version: int, *, protected: Iterable[int], on_disk: bool
     ) -> None:
-        """Make `version` available and announce it. `on_disk` (distributed): also write the directory."""
+        """Make `version` available and announce it. `on_disk`: a restart may load this version
+        (checkpoint or last step): distributed also writes the directory, filesystem fsyncs it."""
         if not self.distributed:
-            self.publisher.publish(state, version, protected=protected)
-            self.control.publish(Published(version, "filesystem"))
+            self.flush()
+            tensors = _snapshot(state)
+            self._pending = self._writer.submit(self._write, tensors, version, list(protected), on_disk)
             return
-        tensors = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        tensors = _snapshot(state)
         if self.tied:
             tensors.pop("lm_head.weight", None)  # engines tie it to the embedding, as from disk
         buckets = plan_buckets(metas_of(tensors), int(self.cfg.weights.bucket_mb * 2**20))
@@ -77,6 +93,17 @@ class WeightSync:
             self.publisher.publish(tensors, version, protected=protected)
         self.control.publish(Published(version, "distributed", buckets))
 
+    def _write(self, tensors: dict[str, torch.Tensor], version: int, protected: list[int], durable: bool):
+        """Writer thread: the version directory, then its announcement."""
+        self.publisher.publish(tensors, version, protected=protected, durable=durable)
+        self.control.publish(Published(version, "filesystem"))
+
+    def flush(self) -> None:
+        """Wait until the version being written is written and announced; raise its error if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
     def publish_adapter(
         self, config: dict, tensors: dict[str, torch.Tensor], version: int, *, protected: Iterable[int]
     ) -> None:
@@ -85,6 +112,13 @@ class WeightSync:
         self.control.publish(Published(version, "filesystem"))
 
     def close(self) -> None:
+        """Finish the version being written (its error is logged: `flush` is where errors surface), then
+        stop the control channel."""
+        try:
+            self.flush()
+        except Exception:
+            logger.exception("publishing the last weight version failed")
+        self._writer.shutdown(wait=True)
         self.control.close()
         if self._group is not None:
             leave_weight_group(self._group)

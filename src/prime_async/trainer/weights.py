@@ -72,9 +72,15 @@ class WeightPublisher:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def publish(
-        self, state_dict: dict[str, torch.Tensor], version: int, *, protected: Iterable[int] = ()
+        self,
+        state_dict: dict[str, torch.Tensor],
+        version: int,
+        *,
+        protected: Iterable[int] = (),
+        durable: bool = True,
     ) -> Path:
-        """Write version `version` from a full state dict (rank 0 only), then prune."""
+        """Write version `version` from a full state dict (rank 0 only), then prune. `durable`: fsync the
+        files before STABLE (for versions a restart after a crash may load)."""
         final = self.root / f"step_{version}"
         tmp = self.root / f".tmp_step_{version}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -87,7 +93,8 @@ class WeightPublisher:
         for name in TOKENIZER_FILES:
             if (self.source_dir / name).is_file():
                 shutil.copy2(self.source_dir / name, tmp / name)
-        _fsync_dir_files(tmp)
+        if durable:
+            _fsync_dir_files(tmp)
         (tmp / STABLE).write_text(f"{version}\n")
         install_version(self.root, version, tmp)  # atomic also when re-publishing an existing version
         self.prune(protected)
