@@ -26,7 +26,7 @@ import numpy as np
 from prime_async.transport.types import ARRAY_DTYPES, MicroBatch, TrainBatch
 
 ARRAY_NAMES: tuple[str, ...] = tuple(ARRAY_DTYPES)
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: rows may hold branches (shared-prompt packing, `transport/types.py`)
 
 
 class WireError(RuntimeError):
