@@ -26,26 +26,20 @@ import time
 from pathlib import Path
 
 
-def run_rl(config: Path, out_dir: Path, steps: int, k: int, extra: list[str]) -> float:
-    """Run one `rl` job to completion; returns its wall time. Raises on a non-zero exit."""
-    command = [
-        *_rl_command(),
-        "@",
-        str(config),
-        "--max-steps",
-        str(steps),
-        "--output-dir",
-        str(out_dir),
-        "--orchestrator.max-off-policy-steps",
-        str(k),
-        "--no-wandb.enabled",
-        *extra,
-    ]
+def run_rl(config: Path, out_dir: Path, steps: int | None, k: int | None, extra: list[str]) -> float:
+    """Run one `rl` job to completion (`steps`, `k`: None keeps the config's); returns its wall time.
+    Raises SystemExit on a non-zero exit."""
+    command = [*_rl_command(), "@", str(config), "--output-dir", str(out_dir), "--no-wandb.enabled"]
+    if steps is not None:
+        command += ["--max-steps", str(steps)]
+    if k is not None:
+        command += ["--orchestrator.max-off-policy-steps", str(k)]
+    command += extra
     print(f"$ {' '.join(command)}", flush=True)
     start = time.monotonic()
     result = subprocess.run(command, check=False)
     if result.returncode != 0:
-        raise SystemExit(f"rl run for K={k} failed with status {result.returncode} (logs: {out_dir}/logs)")
+        raise SystemExit(f"rl run {out_dir} failed with status {result.returncode} (logs: {out_dir}/logs)")
     return time.monotonic() - start
 
 
