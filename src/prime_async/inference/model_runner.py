@@ -95,12 +95,10 @@ class ModelRunner:
         pos = torch.arange(self.max_len, device=self.device)[None]
         probe = torch.zeros(1, device=self.device, dtype=self.dtype)
         cos, sin = self.model.model.rotary_emb(probe, pos)
-        self.cos, self.sin = cos[0], sin[0]  # (max_len, head_dim)
         half = self.head_dim // 2
-        eye = torch.eye(half, device=self.device, dtype=self.dtype)
-        self.rot = torch.zeros(self.head_dim, self.head_dim, device=self.device, dtype=self.dtype)
-        self.rot[half:, :half] = -eye  # x @ rot == cat(-x2, x1) == rotate_half(x)
-        self.rot[:half, half:] = eye
+        # rotate_half(x) * sin == roll(x, half) * cat(-sin1, sin2): one roll instead of a (D, D) matmul
+        self.cos = cos[0]  # (max_len, head_dim)
+        self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
     @torch.no_grad()
     def _fuse_weights(self) -> None:
@@ -294,8 +292,9 @@ class ModelRunner:
         self.ensure_capacity(min(self.chunk, self.max_len))
 
     # ---- forward -------------------------------------------------------------------------------------
-    def _qkv(self, lw: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x (N, hidden) -> q (N, H, D), k/v (N, KVH, D) with q/k-norm and RoPE applied."""
+    def _qkv(self, lw: dict, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor):
+        """x (N, hidden) -> q (N, H, D), k/v (N, KVH, D) with q/k-norm and RoPE applied (cos and the signed
+        sin of `_build_rope_table` at each row's position)."""
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self._proj(lw, "qkv", x)
         # q and k heads side by side (N, H + KVH, D): one norm and one RoPE for both (fewer CPU ops)
@@ -303,7 +302,7 @@ class ModelRunner:
         qk, v = qk.reshape(-1, h + kvh, d), v.view(-1, kvh, d)
         if lw["qk_norm"] is not None:
             qk = _rms_norm(qk, lw["qk_norm"], self.eps)
-        qk = qk * cos[:, None] + (qk @ self.rot) * sin[:, None]  # rotate_half as a (D, D) matmul
+        qk = torch.addcmul(qk * cos[:, None], qk.roll(d // 2, -1), sin_signed[:, None])
         return qk[:, :h], qk[:, h:], v
 
     def _mlp(self, lw: dict, h: torch.Tensor) -> torch.Tensor:
@@ -333,7 +332,7 @@ class ModelRunner:
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
         ends = torch.tensor(lens, device=self.device).cumsum(0)
         h = F.embedding(ids, self.embed)  # (N, hidden), N = sum of prompt lengths
-        cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = self.cos[positions], self.sin_signed[positions]
         for i, lw in enumerate(self.layers):
             x = _rms_norm(h, None, self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)  # (N, H|KVH, D)
@@ -373,7 +372,7 @@ class ModelRunner:
         self._set_groups(adapters, [1] * b)
         self.ensure_capacity(length)
         h = F.embedding(token_ids, self.embed)  # (B, hidden)
-        cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = self.cos[positions], self.sin_signed[positions]
         rows = torch.arange(b, device=self.device)
         visible = torch.arange(length, device=self.device)[None] <= positions[:, None]
         # additive float mask built once per step (a bool mask is converted again in every layer)

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+# tokens per block of the two-level draw (`_draw_blocked`); vocabularies not divisible by it use `_draw`
+DRAW_BLOCK = 256
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -60,6 +63,59 @@ def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.clamp_(max=probs.shape[-1] - 1)
 
 
+def _below(total: torch.Tensor) -> torch.Tensor:
+    """The largest float under each element of `total` (> 0): a draw target strictly inside the mass."""
+    return torch.nextafter(total, torch.zeros_like(total))
+
+
+def _draw_blocked(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two-level inverse-CDF draw per row: weights (N, V) unnormalized with V % DRAW_BLOCK == 0, u (N,)
+    uniform in [0, 1) -> (token ids (N,), total mass (N,)).
+
+    The block is picked by the cumulative mass of blocks of DRAW_BLOCK tokens, then the token inside it by
+    the target's remaining fraction of that block's mass: the same distribution as `_draw`, without a
+    cumulative sum over the whole vocabulary (the slowest pass on CPU). A token of zero weight is never
+    drawn: every target lies strictly below the mass it is searched in.
+    """
+    n, v = weights.shape
+    blocks = weights.view(n, v // DRAW_BLOCK, DRAW_BLOCK)
+    mass = blocks.sum(-1)  # (N, V / DRAW_BLOCK)
+    cum = mass.cumsum(-1)
+    total = cum[:, -1]
+    target = torch.minimum(u * total, _below(total))
+    block = torch.searchsorted(cum, target[:, None], right=True)[:, 0]
+    rows = torch.arange(n, device=weights.device)
+    own = mass[rows, block]  # > 0: cum strictly increases at `block`
+    frac = ((target - (cum[rows, block] - own)) / own).clamp_(0.0, 1.0)
+    inner = blocks[rows, block].cumsum(-1)  # (N, DRAW_BLOCK)
+    inner_target = torch.minimum(frac * inner[:, -1], _below(inner[:, -1]))
+    pos = torch.searchsorted(inner, inner_target[:, None], right=True)[:, 0]
+    return block * DRAW_BLOCK + pos, total
+
+
+def _scaled_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits / temperature per row (temperature 0, greedy, counts as 1)."""
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    if all(t == temps[0] for t in temps):
+        return logits / temps[0] if temps[0] != 1.0 else logits
+    return logits / torch.tensor(temps, device=logits.device, dtype=logits.dtype)[:, None]
+
+
+def _sample_plain(z: torch.Tensor, generator: torch.Generator) -> tuple[list[int], list[float]]:
+    """Plain temperature sampling of every row (the common RL case), z = scaled logits (B, V): no
+    full-vocabulary log-softmax; a token's logprob is `z[token] - max(z) - log(sum(exp(z - max(z))))`
+    (log-softmax's own formula) with the sum the draw has already made."""
+    top = z.amax(-1, keepdim=True)
+    weights = (z - top).exp_()
+    u = torch.rand(z.shape[0], generator=generator, device=z.device)
+    if z.shape[-1] % DRAW_BLOCK == 0:
+        tokens, total = _draw_blocked(weights, u)
+    else:
+        tokens, total = _draw(weights, u), weights.sum(-1)
+    logprobs = z.gather(-1, tokens[:, None])[:, 0] - top[:, 0] - total.log()
+    return tokens.tolist(), logprobs.tolist()
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
@@ -68,16 +124,10 @@ def sample(
 ) -> tuple[list[int], list[float]]:
     """logits (B, V) float32 -> sampled token ids and their logprobs (lists of length B)."""
     b = logits.shape[0]
-    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
-    if all(t == temps[0] for t in temps):
-        logp_bv = torch.log_softmax(logits / temps[0] if temps[0] != 1.0 else logits, dim=-1)
-    else:
-        logp_bv = torch.log_softmax(logits / torch.tensor(temps, device=logits.device)[:, None], dim=-1)
+    z = _scaled_logits(logits, params)
     if all(not p.greedy and not p.truncates for p in params) and all(g is None for g in generators):
-        # common RL case (plain temperature sampling): no per-row gathers
-        u = torch.rand(b, generator=default_generator, device=logits.device)
-        tokens = _draw(logp_bv.exp(), u)
-        return tokens.tolist(), logp_bv.gather(-1, tokens[:, None])[:, 0].tolist()
+        return _sample_plain(z, default_generator)
+    logp_bv = torch.log_softmax(z, dim=-1)
     tokens = torch.empty(b, dtype=torch.long, device=logits.device)
     greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
