@@ -4,12 +4,15 @@ Usage:
     uv run python scripts/bench_engine.py                      # tiny random model (built offline)
     uv run python scripts/bench_engine.py --model-dir models/smollm2-135m-instruct --new-tokens 32
 
-Three sides run alternately (`--repeats` rounds, order rotated each round) and the medians are printed:
+The sides run alternately (`--repeats` rounds, order rotated each round) and the medians are printed:
 HF `generate`, the engine with `kernels = "dense"` (plain F.linear: the engine before oneDNN packing)
-and the engine with `kernels = "packed"` (the default). All sample (temperature 1) `--new-tokens`
-tokens per request from `--prompt-len`-token prompts, ignoring EOS, with `--threads` torch threads;
-tokens/s counts generated tokens over wall time including prefill. Engines are driven in-process (no
-HTTP) with all requests of a round submitted at once.
+and with `kernels = "packed"` (the default). All
+sample (temperature 1) `--new-tokens` tokens per request from `--prompt-len`-token prompts, ignoring EOS,
+with `--threads` torch threads; tokens/s counts generated tokens over wall time including prefill.
+Engines are driven in-process (no HTTP) with all requests of a round submitted at once.
+
+Accuracy, from the same rounds: `max|dlogp|` is, per engine, the largest |logprob the engine reported -
+log_softmax of an HF fp32 forward of prompt + output| over every generated token of its last round.
 
 Roofline: the machine's memory bandwidth (a large tensor sum) and fp32 matmul peak (a 1024^3 matmul)
 are measured here, then one decode step of each engine is timed alone at `prompt + new/2` positions:
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from prime_async.inference.engine import Engine
+from prime_async.inference.engine import Engine, RequestOutput
 from prime_async.inference.sampler import SamplingParams
 
 KERNELS = ("dense", "packed")
@@ -53,7 +56,12 @@ def bench_generate(model, batch: int, prompt_len: int, new_tokens: int, vocab: i
     return batch * new_tokens / elapsed
 
 
-async def _engine_round(engine: Engine, batch: int, prompt_len: int, new_tokens: int, vocab: int) -> float:
+Round = tuple[list[list[int]], list[RequestOutput]]  # prompts and what the engine returned for them
+
+
+async def _engine_round(
+    engine: Engine, batch: int, prompt_len: int, new_tokens: int, vocab: int
+) -> tuple[float, Round]:
     gen = torch.Generator().manual_seed(batch)
     prompts = torch.randint(3, vocab, (batch, prompt_len), generator=gen).tolist()
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
@@ -62,7 +70,19 @@ async def _engine_round(engine: Engine, batch: int, prompt_len: int, new_tokens:
     outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     elapsed = _clock() - start
     assert all(len(o.output_ids) == new_tokens for o in outs)
-    return batch * new_tokens / elapsed
+    return batch * new_tokens / elapsed, (prompts, outs)
+
+
+def max_logprob_error(model, round_: Round) -> float:
+    """Largest |engine logprob - HF fp32 log_softmax| over the round's generated tokens (temperature 1)."""
+    prompts, outs = round_
+    seqs = torch.tensor([p + o.output_ids for p, o in zip(prompts, outs, strict=True)])
+    reported = torch.tensor([o.logprobs for o in outs], dtype=torch.float64)
+    start = len(prompts[0])
+    with torch.inference_mode():
+        logp = model(seqs).logits.float().log_softmax(-1)[:, start - 1 : -1]
+        ref = logp.gather(-1, seqs[:, start:, None])[..., 0].double()
+    return float((reported - ref).abs().max())
 
 
 def _median_time(fn, repeats: int = 5) -> float:
@@ -115,19 +135,23 @@ def decode_step_time(engine: Engine, batch: int, length: int) -> tuple[float, fl
 _MATMUL_KERNELS = {"aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"}
 
 
-def throughput_rounds(engines: dict[str, Engine], model, batch: int, args) -> dict[str, float]:
-    """Median tokens/s of HF generate and each engine over `args.repeats` alternating rounds."""
+def throughput_rounds(
+    engines: dict[str, Engine], model, batch: int, args
+) -> tuple[dict[str, float], dict[str, Round]]:
+    """Median tokens/s of HF generate and each engine over `args.repeats` alternating rounds, and each
+    engine's last round."""
     sides = ["generate", *engines]
     samples: dict[str, list[float]] = {s: [] for s in sides}
+    last: dict[str, Round] = {}
     shape = (batch, args.prompt_len, args.new_tokens, model.config.vocab_size)
     for r in range(args.repeats):
         for side in sides[r % len(sides) :] + sides[: r % len(sides)]:  # rotate who goes first
             if side == "generate":
                 tok_s = bench_generate(model, *shape)
             else:
-                tok_s = asyncio.run(_engine_round(engines[side], *shape))
+                tok_s, last[side] = asyncio.run(_engine_round(engines[side], *shape))
             samples[side].append(tok_s)
-    return {s: statistics.median(v) for s, v in samples.items()}
+    return {s: statistics.median(v) for s, v in samples.items()}, last
 
 
 def roofline_line(engine: Engine, batch: int, length: int, limits: tuple[float, float]) -> str:
@@ -141,7 +165,7 @@ def roofline_line(engine: Engine, batch: int, length: int, limits: tuple[float, 
 
 def build_engines(model_dir: Path, args) -> dict[str, Engine]:
     engines = {}
-    for kernels in KERNELS:
+    for kernels in args.kernels:
         engines[kernels] = Engine(
             model_path=str(model_dir), device=args.device, max_running_requests=max(args.batches),
             max_len=args.prompt_len + args.new_tokens + 8, num_threads=args.threads, kernels=kernels,
@@ -160,6 +184,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=sorted(_CLOCKS), default="wall", help="wall or CPU seconds")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="engines to run")
     return parser.parse_args()
 
 
@@ -175,21 +200,24 @@ def main() -> None:
         tmp = tempfile.TemporaryDirectory()  # removed at exit
         model_dir = build_tiny_model(Path(tmp.name) / "tiny")
     engines = build_engines(model_dir, args)
-    model = engines["packed"].runner.model
+    model = next(iter(engines.values())).runner.model
     limits = machine_limits()
     print(f"model {model_dir} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params), "
           f"prompt {args.prompt_len}, new tokens {args.new_tokens}, threads {args.threads}, "
-          f"repeats {args.repeats}, clock {args.clock}; machine: read {limits[0] / 1e9:.1f} GB/s, "
-          f"fp32 matmul {limits[1] / 1e9:.0f} GFLOP/s")  # fmt: skip
-    print(f"{'batch':>5} {'generate':>9} {'dense':>9} {'packed':>9} {'dense/gen':>9} {'packed/gen':>10} "
-          f"{'packed/dense':>12}   (tokens/s, medians)")  # fmt: skip
+          f"repeats {args.repeats}, clock {args.clock}; machine: "
+          f"read {limits[0] / 1e9:.1f} GB/s, fp32 matmul {limits[1] / 1e9:.0f} GFLOP/s")  # fmt: skip
+    names = list(engines)
+    print(f"{'batch':>5} {'generate':>9} " + " ".join(f"{k:>9}" for k in names) + " "
+          + " ".join(f"{k + '/gen':>11}" for k in names) + "   (tokens/s, medians)   "
+          + " ".join(f"{'max|dlogp| ' + k:>20}" for k in names))  # fmt: skip
     length = args.prompt_len + args.new_tokens // 2
     try:
         for b in args.batches:
-            m = throughput_rounds(engines, model, b, args)
-            print(f"{b:>5} {m['generate']:>9.1f} {m['dense']:>9.1f} {m['packed']:>9.1f} "
-                  f"{m['dense'] / m['generate']:>8.2f}x {m['packed'] / m['generate']:>9.2f}x "
-                  f"{m['packed'] / m['dense']:>11.2f}x", flush=True)  # fmt: skip
+            m, last = throughput_rounds(engines, model, b, args)
+            errors = [max_logprob_error(model, last[k]) for k in names]
+            print(f"{b:>5} {m['generate']:>9.1f} " + " ".join(f"{m[k]:>9.1f}" for k in names) + " "
+                  + " ".join(f"{m[k] / m['generate']:>10.2f}x" for k in names) + "                         "
+                  + " ".join(f"{e:>20.2e}" for e in errors), flush=True)  # fmt: skip
             for kernels, engine in engines.items():
                 line = roofline_line(engine, b, length, limits)
                 print(f"      decode step {kernels:>6}: {line}", flush=True)
