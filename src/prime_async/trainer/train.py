@@ -163,6 +163,8 @@ class Trainer:
                 output_dir=self.cfg.output_dir, step=self.step, keep=self.cfg.ckpt.keep
             )
         metrics.update(timing_metrics(batch, t_start=t0, t_batch=t1, t_trained=t2, t_published=t3))
+        if self.weight_sync is not None and self.weight_sync.last_write_s is not None:
+            metrics["time/write_weights"] = self.weight_sync.last_write_s  # the last finished write
         return metrics
 
     def run(self) -> None:

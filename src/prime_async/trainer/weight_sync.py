@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -70,6 +71,7 @@ class WeightSync:
         self.control = ControlClient(cfg.transport.host, port, handler=self._handle, device=device.type)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-writer")
         self._pending: Future | None = None  # the filesystem version being written, if any
+        self.last_write_s: float | None = None  # how long the last finished version took to write + announce
 
     def publish(
         self, state: dict[str, torch.Tensor], version: int, *, protected: Iterable[int], on_disk: bool
@@ -95,8 +97,10 @@ class WeightSync:
 
     def _write(self, tensors: dict[str, torch.Tensor], version: int, protected: list[int], durable: bool):
         """Writer thread: the version directory, then its announcement."""
+        start = time.perf_counter()
         self.publisher.publish(tensors, version, protected=protected, durable=durable)
         self.control.publish(Published(version, "filesystem"))
+        self.last_write_s = time.perf_counter() - start
 
     def flush(self) -> None:
         """Wait until the version being written is written and announced; raise its error if it failed."""
