@@ -9,9 +9,9 @@ projections, apply it unmerged to the rows of the requests that name it.
 Used by `inference/model_runner.py` (folding, forward) and `inference/engine.py` (registry).
 
 Invariants:
-- folding is exact algebra on the runner's fused layout: RMSNorm gains multiply A's columns (the runner
-  feeds projections the unit-gain normalized input), the attention scale multiplies the q rows of B when
-  the model has no q-norm, q/k/v (gate/up) adapters stack along the rank with a block-diagonal B;
+- folding is exact algebra on the runner's fused layout (projections see the same input as HF's, norm
+  gain applied): the scaling multiplies B, q/k/v (gate/up) adapters stack along the rank with a
+  block-diagonal B;
 - an adapter never changes the base weights: rows of requests without an adapter compute exactly the
   base model, and several adapters serve in one batch;
 - `read_adapter` validates everything (peft type, rank bound, modules, names, shapes, finiteness) before

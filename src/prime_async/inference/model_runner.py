@@ -11,6 +11,10 @@ Invariants:
 - Slot `s` holds positions [0, length) of its request; `decode` writes position `pos[b]` and attends to
   [0, pos[b]].
 - `load_weights` validates every name and shape before touching a parameter: on error nothing changes.
+- q/k/v (and their biases) and gate/up of every layer are views of one contiguous buffer each
+  (`_share_storage`, bound once at construction): copying a weight version into the HF parameters fills
+  the fused projections too, so a load only copies and re-packs (no concatenation, no folded copies);
+  RMSNorm gains and the attention scale are applied to the activations, as HF does.
 """
 
 from __future__ import annotations
@@ -31,11 +35,22 @@ SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    # hand-written: F.rms_norm on CPU decomposes into ~10 ops with dtype round trips (slower here);
-    # weight None: the gain is folded into the next projection
+    # hand-written: F.rms_norm on CPU decomposes into ~10 ops with dtype round trips (slower here)
     xf = x.float() if x.dtype != torch.float32 else x
     out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return out if weight is None else weight * out
+
+
+@torch.no_grad()
+def _share_storage(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Make `params` (same trailing shape) consecutive row blocks of one new contiguous buffer, which is
+    returned; their values are kept."""
+    buffer = torch.cat([p.data for p in params])
+    start = 0
+    for p in params:
+        p.data = buffer[start : start + p.shape[0]]
+        start += p.shape[0]
+    return buffer
 
 
 def _joint_norm_weight(att, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
@@ -47,7 +62,7 @@ def _joint_norm_weight(att, num_heads: int, num_kv_heads: int) -> torch.Tensor |
 
 
 class ModelRunner:
-    """Owns the model weights (plus fused copies for speed) and the KV cache."""
+    """Owns the model weights (fused in place, plus packed copies for speed) and the KV cache."""
 
     def __init__(
         self,
@@ -83,6 +98,7 @@ class ModelRunner:
         self._groups: list[tuple[Adapter, torch.Tensor | None]] = []  # adapters of the current forward
         self._build_rope_table()
         self._stale_fused = False  # a partial load happened: rebuild the derived weights first
+        self._fused = self._bind_fused_params()
         self._fuse_weights()
         self.capacity = 0
         self.k_cache: list[torch.Tensor] = []
@@ -100,44 +116,43 @@ class ModelRunner:
         self.cos = cos[0]  # (max_len, head_dim)
         self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
-    @torch.no_grad()
-    def _fuse_weights(self) -> None:
-        """Derived weights for fewer ops per step (rebuilt after every weight load).
-
-        q/k/v and gate/up are concatenated; RMSNorm gains are folded into the next projection
-        (`W @ (g * x) == (W * g) @ x`); the attention scale 1/sqrt(D) is folded into the q rows (or the
-        q-norm gain), which commutes with RoPE because RoPE is linear.
-        """
-        self.layers = []
-        h, d = self.num_heads, self.head_dim
+    def _bind_fused_params(self) -> list[dict[str, torch.Tensor]]:
+        """Once: per layer, the buffers that q/k/v (weights, biases) and gate/up share (`_share_storage`)."""
+        fused = []
         for layer in self.model.model.layers:
             att, mlp = layer.self_attn, layer.mlp
-            qkv = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
-            qkv_b = None
+            bufs = {
+                "qkv": _share_storage([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
+                "gate_up": _share_storage([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            }
             if att.q_proj.bias is not None:
-                qkv_b = torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
-            qk_norm = _joint_norm_weight(att, h, self.num_kv_heads)
-            if qk_norm is not None:
-                qk_norm[:h] *= self.scale
-            else:
-                qkv[: h * d] *= self.scale
-                if qkv_b is not None:
-                    qkv_b[: h * d] *= self.scale
-            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+                bufs["qkv_bias"] = _share_storage([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
+            fused.append(bufs)
+        return fused
+
+    @torch.no_grad()
+    def _fuse_weights(self) -> None:
+        """The projections of the forward (rebuilt after every weight load): the shared q/k/v and gate/up
+        buffers, o, down and the LM head, each packed for the device's fastest kernel (`linear.py`)."""
+        self.layers = []
+        for layer, bufs in zip(self.model.model.layers, self._fused, strict=True):
+            att, mlp = layer.self_attn, layer.mlp
             self.layers.append(
                 {
                     "index": len(self.layers),
-                    "qkv": self._projection(qkv * layer.input_layernorm.weight[None], qkv_b),
+                    "qkv": self._projection(bufs["qkv"], bufs.get("qkv_bias")),
                     "o": self._projection(att.o_proj.weight, att.o_proj.bias),
-                    "qk_norm": qk_norm,
-                    "gate_up": self._projection(gate_up * layer.post_attention_layernorm.weight[None]),
+                    "qk_norm": _joint_norm_weight(att, self.num_heads, self.num_kv_heads),
+                    "norm_in": layer.input_layernorm.weight,
+                    "gate_up": self._projection(bufs["gate_up"]),
+                    "norm_post": layer.post_attention_layernorm.weight,
                     "down": self._projection(mlp.down_proj.weight),
                     "act": mlp.act_fn,
                 }
             )
         self.embed = self.model.model.embed_tokens.weight
-        lm_head = self.model.get_output_embeddings().weight * self.model.model.norm.weight[None]
-        self.lm_head = self._projection(lm_head)
+        self.final_norm = self.model.model.norm.weight
+        self.lm_head = self._projection(self.model.get_output_embeddings().weight)
         for adapter in self.adapters.values():  # folded with the norm gains: refold on new base weights
             adapter.layers = self.fold_adapter(adapter.raw)
 
@@ -150,30 +165,25 @@ class ModelRunner:
 
     @torch.no_grad()
     def fold_adapter(self, raw: RawAdapter) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-        """`raw` in the fused layout of `_fuse_weights` (norm gains into A, scaling and q scale into B)."""
+        """`raw` in the fused layout of `_fuse_weights` (the scaling folded into B)."""
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         layers = []
         for i, layer in enumerate(self.model.model.layers):
 
-            def pair(module: str, gain: torch.Tensor | None = None, row_scale: float = 1.0, i: int = i):
+            def pair(module: str, i: int = i):
                 found = raw.pairs.get((i, module))
                 if found is None:
                     return None
                 a, b = (t.to(device=self.device, dtype=torch.float32) for t in found)
-                if gain is not None:
-                    a = a * gain.float()[None]
-                return a.to(self.dtype), (b * (raw.scaling * row_scale)).to(self.dtype)
+                return a.to(self.dtype), (b * raw.scaling).to(self.dtype)
 
-            g1, g2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-            q_scale = 1.0 if getattr(layer.self_attn, "q_norm", None) is not None else self.scale
             inter = layer.mlp.gate_proj.weight.shape[0]
             fused = {
                 "qkv": stack_pairs(
-                    [pair("q_proj", g1, q_scale), pair("k_proj", g1), pair("v_proj", g1)],
-                    [h * d, kvh * d, kvh * d],
+                    [pair("q_proj"), pair("k_proj"), pair("v_proj")], [h * d, kvh * d, kvh * d]
                 ),
                 "o": pair("o_proj"),
-                "gate_up": stack_pairs([pair("gate_proj", g2), pair("up_proj", g2)], [inter, inter]),
+                "gate_up": stack_pairs([pair("gate_proj"), pair("up_proj")], [inter, inter]),
                 "down": pair("down_proj"),
             }
             layers.append({k: v for k, v in fused.items() if v is not None})
@@ -306,12 +316,12 @@ class ModelRunner:
         return qk[:, :h], qk[:, h:], v
 
     def _mlp(self, lw: dict, h: torch.Tensor) -> torch.Tensor:
-        x = _rms_norm(h, None, self.eps)
+        x = _rms_norm(h, lw["norm_post"], self.eps)
         gate, up = self._proj(lw, "gate_up", x).chunk(2, dim=-1)
         return h + self._proj(lw, "down", lw["act"](gate) * up)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        h = _rms_norm(h, None, self.eps)
+        h = _rms_norm(h, self.final_norm, self.eps)
         return self.lm_head(h).float()
 
     @torch.inference_mode()
@@ -334,7 +344,7 @@ class ModelRunner:
         h = F.embedding(ids, self.embed)  # (N, hidden), N = sum of prompt lengths
         cos, sin = self.cos[positions], self.sin_signed[positions]
         for i, lw in enumerate(self.layers):
-            x = _rms_norm(h, None, self.eps)
+            x = _rms_norm(h, lw["norm_in"], self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)  # (N, H|KVH, D)
             parts = zip(q.split(lens), k.split(lens), v.split(lens), slots, strict=True)
             attn = torch.cat([self._prefill_attention(i, slot, *qkv) for *qkv, slot in parts])
@@ -353,7 +363,7 @@ class ModelRunner:
             v.transpose(0, 1)[None],
             is_causal=True,
             enable_gqa=True,
-            scale=1.0,  # 1/sqrt(D) is folded into q
+            scale=self.scale,
         )  # (1, H, T, D)
         return attn[0].transpose(0, 1)
 
@@ -379,14 +389,14 @@ class ModelRunner:
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None]  # (B, 1, 1, L) over (B, KVH, G, L)
         for i, lw in enumerate(self.layers):
-            x = _rms_norm(h, None, self.eps)
+            x = _rms_norm(h, lw["norm_in"], self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)
             kc, vc = self.k_cache[i], self.v_cache[i]
             kc[rows, :, positions] = k
             vc[rows, :, positions] = v
             # one query per row: two batched matmuls beat SDPA's CPU flash kernel (built for long queries);
             # query heads grouped per kv head (B, KVH, G, D), as HF's repeat_kv pairs them
-            q_g = q.reshape(b, self.num_kv_heads, -1, self.head_dim)  # scale folded into q
+            q_g = q.reshape(b, self.num_kv_heads, -1, self.head_dim) * self.scale
             scores = torch.matmul(q_g, kc[:b, :, :length].transpose(-1, -2)) + mask  # (B, KVH, G, L)
             attn = torch.matmul(scores.softmax(-1), vc[:b, :, :length])  # (B, KVH, G, D)
             h = h + self._proj(lw, "o", attn.reshape(b, -1))
