@@ -11,13 +11,14 @@ seed (the figures of `scripts/compare_runs.py`):
 
     first/last     mean reward of the first and of the last `--window` steps, and the gain (last - first)
     step (s)       mean orchestrator step time after the first step
-    target         the sync run's final reward, smoothed over `--window` steps
+    target         the sync run's final reward, smoothed over `--window` steps (less `--tolerance`)
     time (s)       wall-clock (since the run's first step started) at which the smoothed reward first
                    reaches the target, and the step; `-` when it never does
     ratio          async time / sync time
 
 and a summary: how many async runs gained at least `--min-gain`, and the mean and the worst time ratio.
-Exits 1 when a run fails.
+`--report-only` recomputes the figures from the run directories of an earlier call (e.g. with another
+`--tolerance`). Exits 1 when a run fails.
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ class SideResult:
 def run_seed(seed: int, args: argparse.Namespace, extra: list[str]) -> dict[str, SideResult]:
     """Both sides of one seed, run in the order of the seed's parity; their figures against the sync
     run's final smoothed reward."""
-    walls: dict[str, float] = {}
+    walls: dict[str, float] = {side: float("nan") for side in SIDES}
     order = SIDES if seed % 2 == 0 else SIDES[::-1]
-    for side in order:
+    for side in order if not args.report_only else ():
         config = args.sync_config if side == "sync" else args.config
         seeds = ["--orchestrator.seed", str(seed), "--inference.engine.seed", str(seed)]
         walls[side] = run_rl(config, args.out_dir / f"seed{seed}" / side, args.steps, None, [*seeds, *extra])
     runs = {side: load_run(args.out_dir / f"seed{seed}" / side) for side in SIDES}
-    target = final_smoothed_reward(runs["sync"], args.window)
+    target = final_smoothed_reward(runs["sync"], args.window) - args.tolerance
     results = {}
     for side, run in runs.items():
         _, rewards = run.series("orchestrator", "reward/mean")
@@ -128,6 +129,8 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--steps", type=int, default=None, help="max_steps of every run (default: config's)")
     parser.add_argument("--window", type=int, default=5, help="steps of the reward means (>= 1)")
     parser.add_argument("--min-gain", type=float, default=0.3, help="the learning criterion (last - first)")
+    parser.add_argument("--tolerance", type=float, default=0.0, help="target = sync final - this")
+    parser.add_argument("--report-only", action="store_true", help="no runs: read --out-dir's")
     parser.add_argument("--out-dir", type=Path, default=Path("outputs/bench_demo"))
     return parser.parse_known_args()
 

@@ -12,7 +12,10 @@ A second table compares learning by wall-clock: the target is the reference run'
 (trailing mean of `reward/mean` over `--window` steps; the reference is the sync run, K = 0, else the
 first RUN_DIR), and each run's time-to-reward is the wall-clock (seconds since its first step started)
 at the end of the first step whose smoothed reward reaches the target; the ratio is that time over the
-reference's. It also gives the mean reward of the first and of the last `--window` steps.
+reference's. It also gives the mean reward of the first and of the last `--window` steps. `--tolerance T`
+counts a run as there once its smoothed reward is within T of the target (default 0: the strict
+definition; a reference that ends at the reward's ceiling, e.g. five perfect steps, is otherwise reached
+only by a run with five perfect steps too).
 """
 
 from __future__ import annotations
@@ -147,11 +150,11 @@ def reference_run(runs: list[RunMetrics]) -> RunMetrics:
     return next((run for run in runs if run.name == "sync"), runs[0])
 
 
-def time_to_reward_rows(runs: list[RunMetrics], window: int) -> list[dict[str, str]]:
+def time_to_reward_rows(runs: list[RunMetrics], window: int, tolerance: float = 0.0) -> list[dict[str, str]]:
     """One row per run: first/last-window reward means, time and step to the reference's final smoothed
-    reward, and the time ratio to the reference ('-' where a run never reaches it)."""
+    reward (less `tolerance`), and the time ratio to the reference ('-' where a run never reaches it)."""
     reference = reference_run(runs)
-    target = final_smoothed_reward(reference, window)
+    target = final_smoothed_reward(reference, window) - tolerance
     ref_time = time_to_reward(reference, target, window).seconds
     rows = []
     for run in runs:
@@ -214,12 +217,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("compare.png"))
     parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps left out of the table")
     parser.add_argument("--window", type=int, default=5, help="steps of the trailing reward mean (>= 1)")
+    parser.add_argument("--tolerance", type=float, default=0.0, help="target = reference final - this")
     args = parser.parse_args()
     if args.window < 1:
         parser.error(f"--window must be >= 1 (got {args.window})")
     try:
         runs = [load_run(d) for d in args.run_dirs]
-        ttr_rows = time_to_reward_rows(runs, args.window)
+        ttr_rows = time_to_reward_rows(runs, args.window, args.tolerance)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     print_table([summarize(run, args.skip_steps) for run in runs])
