@@ -58,7 +58,18 @@ def _component_pid(out: Path, component: str) -> int | None:
     return None
 
 
+# the orchestrator's (or trainer's) log line that says a killed component is back in the run
+RECOVERED = {
+    "inference": ("orchestrator", "engines healthy again"),
+    "trainer": ("trainer", "resumed from"),
+    "orchestrator": ("orchestrator", "resumed from orchestrator checkpoint"),
+}
+
+
 def _killer(run: SoakRun, stop: threading.Event) -> None:
+    """SIGKILL each component in turn once `at_step` orchestrator rows exist, and only after the previous
+    one is back in the run (its recovery line is logged; at most 60 s): a fast run would otherwise
+    reach the next kill while the previous outage is still being handled."""
     metrics = run.out / "metrics" / "orchestrator.jsonl"
     for kill in run.kills:
         while not stop.is_set():
@@ -66,10 +77,32 @@ def _killer(run: SoakRun, stop: threading.Event) -> None:
             pid = _component_pid(run.out, kill.component)
             if rows >= kill.at_step and pid is not None:
                 kill.pid, kill.time = pid, time.time()
+                logs = {name: _log_size(run.out, name) for name in ("orchestrator", "trainer")}
                 os.kill(pid, signal.SIGKILL)
                 break
             stop.wait(0.2)
-        stop.wait(5.0)  # let the restart begin before the next kill is looked for
+        else:
+            return
+        deadline = time.monotonic() + 60.0
+        while not stop.is_set() and time.monotonic() < deadline and not _back(run.out, kill, logs):
+            stop.wait(0.2)
+        stop.wait(1.0)  # settle before the next kill is looked for
+
+
+def _log_size(out: Path, name: str) -> int:
+    path = out / "logs" / f"{name}.log"
+    return path.stat().st_size if path.exists() else 0
+
+
+def _back(out: Path, kill: Kill, sizes: dict[str, int]) -> bool:
+    """Whether the recovery line of `kill` was logged after the kill (past the log's size at the kill)."""
+    log, needle = RECOVERED[kill.component]
+    path = out / "logs" / f"{log}.log"
+    if not path.exists():
+        return False
+    with path.open("rb") as f:
+        f.seek(sizes[log])
+        return needle.encode() in f.read()
 
 
 def run_rl(
