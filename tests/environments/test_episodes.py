@@ -92,6 +92,9 @@ def test_reverse_text_episode(engine: HFEngineClient, tokenizer: Any, tiny_model
         episodes = [
             await source.run_episode(example_id=i, engine_key="0", sampling=SAMPLING) for i in range(3)
         ]
+        # the source told renderers the prompt limit (seq_len) up front: no per-episode lookup
+        assert source.gateway.num_model_list_requests == 0
+        assert source.gateway.num_requests >= 3
         return [episodes, engine.outputs[n_outputs:], list(source._tasks[:3])]
 
     env_cfg = EnvConfig(id="reverse-text", args={"num_examples": 20, "seed": 1})

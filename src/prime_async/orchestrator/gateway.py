@@ -150,6 +150,7 @@ class Gateway:
         self._server: Any = None
         self._serve_task: asyncio.Task[None] | None = None
         self.num_requests = 0
+        self.num_model_list_requests = 0  # GET /v1/models (renderers' prompt-limit lookup)
         # Called with transport-level engine failures (engine process gone); set by the orchestrator.
         self.on_engine_error: Callable[[BaseException], None] | None = None
         # Closed by the weight watcher between an in_place update and the cache flush (request_gate.py).
@@ -284,6 +285,7 @@ class Gateway:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
+            self.num_model_list_requests += 1
             # verifiers' renderers client asks for `max_model_len` to refuse overlong prompts up front.
             return {
                 "object": "list",

@@ -25,6 +25,10 @@ logger = logging.getLogger(__name__)
 def _serve(config_data: dict[str, Any], address_queue: Any) -> None:
     from verifiers.v1.serve.pool import serve_env
 
+    from prime_async.utils import pydantic_speedups
+
+    pydantic_speedups.install()
+
     serve_env(
         max_workers=1, address="tcp://127.0.0.1:0", address_queue=address_queue, config_data=config_data
     )

@@ -39,10 +39,11 @@ from typing import Any
 from prime_async.config.env import EnvBaseConfig
 from prime_async.inference.types import EngineClient, SamplingParams
 from prime_async.orchestrator.data_source import LazyTasks
-from prime_async.orchestrator.envs import inprocess_tools
+from prime_async.orchestrator.envs import inprocess_harness, inprocess_tools, prompt_limit
 from prime_async.orchestrator.envs.renderer_choice import check_tools_renderer, choose_renderer
 from prime_async.orchestrator.gateway import Gateway
 from prime_async.orchestrator.types import Episode
+from prime_async.utils import pydantic_speedups
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ class VerifiersRolloutSource:
         self.error_kinds: dict[str, int] = {}
         self.episode_seconds = 0.0
         self._tools_in_process = env_cfg.runner == "inprocess" and env_cfg.toolsets == "inprocess"
+        self._retains_http_clients = False
 
     @property
     def num_examples(self) -> int | None:
@@ -159,6 +161,7 @@ class VerifiersRolloutSource:
     async def start(self) -> None:
         t0 = time.perf_counter()
         _quiet_library_loggers()
+        pydantic_speedups.install()
         import verifiers.v1 as vf
 
         config = resolve_verifiers_config(self.env_cfg)
@@ -185,6 +188,9 @@ class VerifiersRolloutSource:
             await self._start_env_server(config)
         else:
             await self._start_serving()
+        if self.env_cfg.runner == "inprocess":  # the in-process harness pools its model-call clients
+            inprocess_harness.retain_http_clients()
+            self._retains_http_clients = True
         logger.info(
             "env %s: %s examples, runner=%s, renderer=%s, gateway %s (%.1fs)",
             self.env_cfg.id, self.num_examples or "infinite (streamed)", self.env_cfg.runner,
@@ -231,6 +237,9 @@ class VerifiersRolloutSource:
                 self._serving.cancel()
             except Exception:  # tolerated at shutdown: the failure was already surfaced to run_episode
                 logger.warning("verifiers serving failed", exc_info=True)
+        if self._retains_http_clients:
+            self._retains_http_clients = False
+            await inprocess_harness.release_http_clients()
         await self.gateway.stop()
 
     async def __aenter__(self) -> VerifiersRolloutSource:
@@ -259,6 +268,8 @@ class VerifiersRolloutSource:
         self._check_serving()
         task = self._tasks[example_id]  # IndexError: a bug of the caller (ids come from the DataSource)
         session = self.gateway.open_session(engine_key=engine_key, sampling=sampling)
+        if self._env_server is None:  # the train client runs here: spare it the GET /v1/models
+            prompt_limit.record(self._client_cfg.base_url, session.key, self.seq_len)
         ctx = vf.ModelContext(
             client=self._client_cfg, model=session.key, sampling=vf.SamplingConfig(**sampling.to_vllm())
         )
