@@ -175,3 +175,21 @@ def test_seeded_episode_sends_a_seed_per_call(engines: list[HFEngineClient]) -> 
     assert [s.get("sampling_seed") for s in sent[:2]] == [call_seed(99, 0), call_seed(99, 1)]
     assert "seed" not in sent[0] and "seed" not in sent[1]
     assert sent[2].get("seed") == 1 and "sampling_seed" not in sent[2]
+
+
+def test_gateway_connections_have_nagle_off(engines: list[HFEngineClient]) -> None:
+    """Accepted connections are TCP_NODELAY: with Nagle on, an answer's body waited for the ACK of its
+    headers (a 40 ms delayed-ACK stall on busy keep-alive connections)."""
+    import socket
+
+    async def main() -> None:
+        async with Gateway(engines=engines[:1], seq_len=256) as gw, httpx.AsyncClient() as client:
+            gw.open_session(engine_key="any")
+            assert (await client.get(f"{gw.base_url}/v1/models")).status_code == 200
+            connections = list(gw._server.server_state.connections)  # the keep-alive one is still open
+            assert connections
+            for protocol in connections:
+                sock = protocol.transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+    asyncio.run(main())
