@@ -71,9 +71,13 @@ def test_lora_rl_in_flight_adapter_updates(pause_mode: str, tiny_model_dir: Path
     engine_log = (out / "logs" / "inference.log").read_text()
     loaded = [int(v) for v in re.findall(r"loaded LoRA adapter v(\d+) from", engine_log)]
     assert loaded == sorted(loaded) and loaded and loaded[-1] >= 2
-    if len(loaded) >= 2:
-        assert "unloaded LoRA adapter v" in engine_log  # old adapters are dropped once idle
-    assert f"({pause_mode})" in (out / "logs" / "orchestrator.log").read_text()
+    orchestrator_log = (out / "logs" / "orchestrator.log").read_text()
+    # old adapters are dropped once idle, by the update that loads the next one: required when such an
+    # update completed (the run's last update may be cut short by the end of the run, after its load)
+    completed = [int(v) for v in re.findall(r"weights v(\d+) loaded into", orchestrator_log)]
+    if any(v > loaded[0] for v in completed):
+        assert "unloaded LoRA adapter v" in engine_log
+    assert f"({pause_mode})" in orchestrator_log
 
 
 @pytest.mark.slow

@@ -164,6 +164,7 @@ def test_bound_address_of_a_running_sender_is_loopback() -> None:
     # reachable over loopback only: a connect to another local address of this host is refused
     other = _non_loopback_address()
     if other is not None:
+        cfg = transport_cfg()  # a fresh port: ZMQ releases the first one asynchronously after close
         with BatchSender(cfg=cfg, num_ranks=1), pytest.raises(OSError):
             socket.create_connection((other, cfg.port), timeout=2).close()
 
