@@ -348,8 +348,14 @@ async def _run(cfg: OrchestratorConfig) -> None:
 
 
 async def _drain_last_batch(sender: BatchSender, cfg: OrchestratorConfig) -> None:
-    """Keep serving until the trainer has fetched the final batch (the stream is pull-based)."""
+    """Keep serving until the trainer has fetched the final batch (the stream is pull-based).
+
+    Only a lifetime that sent the final batch waits: an orchestrator restarted after the last step's
+    checkpoint sends nothing, and would otherwise wait `transport.timeout_s` for a batch it never had."""
     last = cfg.max_steps - 1
+    if sender.last_step != last:
+        logger.info("batch %d was sent by an earlier lifetime of the orchestrator: nothing to drain", last)
+        return
     delivered = await asyncio.to_thread(sender.wait_delivered, last, cfg.transport.timeout_s)
     if not delivered:
         timeout = cfg.transport.timeout_s

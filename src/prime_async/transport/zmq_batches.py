@@ -142,6 +142,12 @@ class BatchSender:
             self._evict_locked()
         self._wake()
 
+    @property
+    def last_step(self) -> int | None:
+        """Step of the newest batch `send` queued in this sender's lifetime (None before the first)."""
+        with self._lock:
+            return self._last_step
+
     def wait_delivered(self, step: int, timeout: float) -> bool:
         """Block until every rank was sent its slice of batch `step` (False on timeout).
 
