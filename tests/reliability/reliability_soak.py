@@ -80,13 +80,14 @@ def _killer(run: SoakRun, stop: threading.Event) -> None:
                 logs = {name: _log_size(run.out, name) for name in ("orchestrator", "trainer")}
                 os.kill(pid, signal.SIGKILL)
                 break
-            stop.wait(0.2)
+            stop.wait(0.05)
         else:
             return
         deadline = time.monotonic() + 60.0
         while not stop.is_set() and time.monotonic() < deadline and not _back(run.out, kill, logs):
-            stop.wait(0.2)
-        stop.wait(1.0)  # settle before the next kill is looked for
+            stop.wait(0.05)
+        # no settle time: a tiny-config step takes ~0.1 s, so a pause here let the run end before the
+        # last kill (its component then was never killed)
 
 
 def _log_size(out: Path, name: str) -> int:

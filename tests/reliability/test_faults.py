@@ -46,12 +46,12 @@ def _log_time(line: str) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_kill_each_component_once(tiny_model_dir: Path, tmp_path: Path) -> None:
-    steps = int(os.environ.get("SOAK_STEPS", "12"))
+    steps = int(os.environ.get("SOAK_STEPS", "24"))  # kills after 4, 9, 14 steps
     seed = int(os.environ.get("SOAK_SEED", "0"))
     pause_mode = os.environ.get("SOAK_PAUSE_MODE") or random.Random(seed).choice(
         ["retract", "in_place", "drain"]
     )
-    at = [max(2, steps * i // 5) for i in (1, 2, 3)]  # e.g. 12 steps: kills after 2, 4, 7 steps
+    at = [max(2, steps * i // 5) for i in (1, 2, 3)]
     run = SoakRun(
         out=tmp_path / "run", steps=steps, k=1, pause_mode=pause_mode, max_buffered_groups=2,
         kills=[Kill("inference", at[0]), Kill("trainer", at[1]), Kill("orchestrator", at[2])],
