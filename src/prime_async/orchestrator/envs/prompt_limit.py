@@ -16,9 +16,12 @@ a renderers release without that cache makes `record` a no-op (the client then a
 
 from __future__ import annotations
 
+import functools
+
 import httpx
 
 
+@functools.cache  # called for every episode with the one gateway URL of its source
 def client_base_url(base_url: str) -> str:
     """The base URL as the OpenAI SDK spells it (trailing slash), which renderers uses in its key."""
     url = httpx.URL(base_url)
