@@ -113,3 +113,42 @@ def test_next_turn_after_in_place_update_never_reuses_old_prefix_kv() -> None:
     flush = engine.log.index("flush")
     assert engine.log.index(next(e for e in engine.log if e.startswith("end ep-0"))) < flush
     assert engine.log[flush + 1].startswith("start ep-1") and engine.log[flush + 1].endswith("v1")
+
+
+def test_shared_eval_gateways_pass_the_watchers_one_gate() -> None:
+    """Regression (issue: shared eval x in_place): wiring the shared-placement eval's gateways used to
+    replace the watcher's gate with the eval gateway's, so an update held only eval requests; a training
+    turn then started between the load and the flush (old prefix KV) and the flush met it (HTTP 400)."""
+    from types import SimpleNamespace
+
+    from prime_async.orchestrator import wiring
+
+    async def main() -> PrefixCacheEngine:
+        engine = PrefixCacheEngine(durations={1: 0.4, 2: 0.02})
+        train = SimpleNamespace(gateway=Gateway(engines=[engine], seq_len=64))
+        evals = SimpleNamespace(gateway=Gateway(engines=[engine], seq_len=64))
+        groups = GroupTable(group_size=1, max_off_policy_steps=1, data=DataSource(num_examples=1),
+                            retry_unused=False, max_dropped_groups_per_step=1)  # fmt: skip
+        admission = AdmissionController(groups=groups, max_inflight_groups=4, max_buffered_groups=4,
+                                        granularity="group")  # fmt: skip
+        watcher = WeightWatcher(
+            engines=[engine], broadcasts=type("B", (), {"path": staticmethod(lambda v: f"/b/step_{v}")})(),
+            admission=admission, groups=groups, pause_mode="in_place", update_weights_interval=1,
+            poll_interval_s=1.0, request_gate=wiring.shared_request_gate([train]),
+        )  # fmt: skip
+        wiring.attach_gateways([train], watcher)
+        wiring.attach_gateways([evals], watcher)  # in-run eval, shared placement, wired after
+        assert train.gateway.gate is evals.gateway.gate is watcher.request_gate
+        e = evals.gateway.open_session(engine_key="0")
+        t = train.gateway.open_session(engine_key="0")
+        eval_turn = asyncio.create_task(evals.gateway.generate(_body(e.key, [1, 3])))
+        await train.gateway.generate(_body(t.key, [2, 3]))  # training turn 1: cached at v0
+        update = asyncio.create_task(watcher.update(1))
+        await asyncio.sleep(0.05)  # the update is under way, the eval request still runs
+        await train.gateway.generate(_body(t.key, [2, 3, 7, 8, 5]))  # the training episode's next turn
+        await asyncio.gather(eval_turn, update)  # before the fix: EngineError 400 from the flush
+        assert watcher.request_gate.num_held == 1 and watcher.request_gate.is_open
+        return engine
+
+    engine = asyncio.run(main())
+    assert engine.stale_reuse == [], f"requests reused prefix KV of older weights: {engine.stale_reuse}"

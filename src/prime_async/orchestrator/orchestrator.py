@@ -52,6 +52,7 @@ from prime_async.orchestrator.engine_checks import (
 from prime_async.orchestrator.env_mix import EnvMix, MixEnv
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.metrics import batch_metrics
+from prime_async.orchestrator.request_gate import RequestGate
 from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.train_sink import Sink, build_train_sink
 from prime_async.orchestrator.types import Group, RolloutSource
@@ -97,10 +98,12 @@ def build_components(
     served_version: int,
     clock: Callable[[], float] = time.monotonic,
     loader: WeightLoader | None = None,
+    request_gate: RequestGate | None = None,
 ) -> Components:
     """Build every component from `cfg`; restore the data positions and the mix when `cfg.resume`.
 
-    `source` is the rollout source of each training env by name (a single source serves a one-env run)."""
+    `source` is the rollout source of each training env by name (a single source serves a one-env run);
+    `request_gate` is the one gate every gateway in front of the training engines passes (`wiring.py`)."""
     if not isinstance(source, Mapping):
         source = {env.label: source for env in cfg.envs}
     envs = build_env_mix(cfg, source)
@@ -151,6 +154,7 @@ def build_components(
         clock=clock,
         schedule=schedule,
         loader=loader,
+        request_gate=request_gate,
     )
     return Components(envs, groups, admission, dispatcher, sink, watcher, start_step)
 
@@ -329,12 +333,13 @@ async def _run(cfg: OrchestratorConfig) -> None:
                 broadcasts=BroadcastDir(cfg.output_dir / "broadcasts"),
                 served_version=served,
                 loader=loader,
+                request_gate=wiring.shared_request_gate(list(sources.values())),
             )
             wake.append(comps.watcher.wake)
             failed.append(comps.watcher.fail)
             check_served_not_ahead(max(versions), comps.start_step)
             logger.info("engines serve weight version %d; first batch is step %d", served, comps.start_step)
-            wiring.hook_gateways(list(sources.values()), comps.watcher)
+            wiring.attach_gateways(list(sources.values()), comps.watcher)
             evaluator = await wiring.start_in_run_eval(
                 cfg, comps.watcher, engines=engines, monitor=monitor, stack=stack
             )

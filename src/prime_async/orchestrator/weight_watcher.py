@@ -122,7 +122,7 @@ class WeightWatcher:
         self.engines = list(engines)
         self.schedule = schedule
         self.loader = loader  # None: the broadcast directory and /update_weights_from_disk
-        self.request_gate = request_gate  # the gateway's (set by the orchestrator); see step 5
+        self.request_gate = request_gate  # every gateway's one gate (wiring.shared_request_gate); step 5
         self.broadcasts = broadcasts
         self.admission = admission
         self.groups = groups

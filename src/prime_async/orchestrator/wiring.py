@@ -27,6 +27,7 @@ from prime_async.eval.in_run import InRunEval, due_versions
 from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
 from prime_async.inference.types import EngineClient
 from prime_async.orchestrator.engine_checks import check_engines_belong_to_run, wait_for_engines
+from prime_async.orchestrator.request_gate import RequestGate
 from prime_async.orchestrator.weight_watcher import BroadcastDir, WeightWatcher
 
 if TYPE_CHECKING:
@@ -48,15 +49,33 @@ def build_sources(cfg: OrchestratorConfig, envs: list[Any], engines: list[Engine
     }
 
 
-def hook_gateways(sources: list[VerifiersRolloutSource], watcher: WeightWatcher) -> None:
-    """Outages seen by episodes hold dispatch at once; one request gate for all (in_place updates)."""
-    gateways = [g for s in sources if (g := getattr(s, "gateway", None)) is not None]
+def shared_request_gate(sources: list[VerifiersRolloutSource]) -> RequestGate | None:
+    """The one request gate of the run's training engines, given to every gateway of `sources`; None
+    when no source has a gateway (the watcher then holds admission for the `in_place` flush instead).
+
+    Built before the weight watcher, which gets it in its constructor: later gateways (shared-placement
+    eval) join this gate with `attach_gateways`, they never replace it."""
+    gateways = _gateways(sources)
     if not gateways:
-        return
+        return None
+    gate = RequestGate()
     for gateway in gateways:
+        gateway.gate = gate
+    return gate
+
+
+def attach_gateways(sources: list[VerifiersRolloutSource], watcher: WeightWatcher) -> None:
+    """Gateways in front of the training engines report outages to the watcher (dispatch is held at
+    once) and pass the watcher's request gate, so an `in_place` update holds every one of their requests
+    until the flush (training and shared eval alike)."""
+    for gateway in _gateways(sources):
         gateway.on_engine_error = watcher.engine_failed
-        gateway.gate = gateways[0].gate
-    watcher.request_gate = gateways[0].gate  # in_place: next turns wait for the flush
+        if watcher.request_gate is not None:
+            gateway.gate = watcher.request_gate
+
+
+def _gateways(sources: list[VerifiersRolloutSource]) -> list[Any]:
+    return [g for s in sources if (g := getattr(s, "gateway", None)) is not None]
 
 
 def source_metrics(sources: dict[str, Any]) -> dict[str, float]:
@@ -93,7 +112,7 @@ async def start_in_run_eval(
     for source in sources.values():
         await stack.enter_async_context(source)
     if ecfg.placement == "shared":
-        hook_gateways(list(sources.values()), watcher)
+        attach_gateways(list(sources.values()), watcher)
     envs = eval_envs(
         ecfg.envs, list(sources.values()), base_sampling=cfg.sampling, eval_sampling=ecfg.sampling
     )
