@@ -24,8 +24,9 @@ class ScriptedSource:
 
     def __init__(
         self, latency: dict[tuple[int, int], float] | None = None, fail_group: int | None = None, status="ok",
-        error: str | None = None, seats: tuple[str, ...] = (),
+        error: str | None = None, seats: tuple[str, ...] = (), kind: str | None = None,
     ):  # fmt: skip
+        self.kind = kind  # the episodes' `env_error`
         self.latency = latency or {}
         self.fail_group = fail_group
         self.status = status
@@ -47,6 +48,9 @@ class ScriptedSource:
                        sampler_logprobs=[0.0, -1.0], token_versions=[-1, 0], reward=float(idx) + j,
                        status=self.status, error=self.error, seat=seat)
                for j, seat in enumerate(self.seats or ("agent",))]  # fmt: skip
+        for ep in eps:
+            if self.kind is not None:
+                ep.metrics["env_error"] = self.kind
         return eps if self.seats else eps[0]
 
 
@@ -171,6 +175,24 @@ def test_every_early_episode_failing_stops_the_run_at_once(caplog: pytest.LogCap
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and "episode error" in r.message]
     assert len(warnings) == 1, "one distinct error is logged once"
     assert disp.errors.counts_by_kind() == {"error": 4}
+
+
+def test_a_prompt_that_does_not_fit_stops_the_run_at_the_first_episode():
+    async def go():
+        error = ("prompt_too_long: the prompt is 486 tokens (chat template and tool schemas included) and "
+                 "does not fit seq_len = 256: raise seq_len above 486 plus the completion budget")  # fmt: skip
+        source = ScriptedSource(status="error", error=error, kind="prompt_too_long")
+        disp, *_ = build(source, max_dropped=100)
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(EpisodesFailing) as info:
+            await asyncio.wait_for(disp.run(), timeout=100)
+        await disp.stop()
+        assert asyncio.get_running_loop().time() - t0 < 1.5, "refused when the first episodes finish"
+        return disp, str(info.value)
+
+    disp, message = run_virtual(go())
+    assert message.startswith("env 'default', example 0: the prompt is 486 tokens"), message
+    assert "seq_len = 256" in message and disp.errors.counts_by_kind() == {"prompt_too_long": 4}
 
 
 def test_some_early_successes_keep_the_run_going():

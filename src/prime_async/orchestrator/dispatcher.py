@@ -24,6 +24,8 @@ Invariants:
 - every failed episode is recorded in `errors` (logged once per distinct error); a fatal error of the
   sink (dropped-groups limit) is re-raised with the most frequent episode error appended, and when
   every episode of the first `fail_fast_groups` finished groups failed, `run()` fails at once with it;
+  a prompt that does not fit `seq_len` (`prompt_too_long`) within those first groups fails `run()` at
+  the first such episode, naming the env (a config mismatch, not bad luck);
 - with a deterministic schedule (`schedule.py`), a group's id is its schedule slot and each episode
   samples with `sampling.seed = episode_seed(run seed, env, example, epoch, index in the group)`.
 """
@@ -173,7 +175,17 @@ class Dispatcher:
             self._window["completion_tokens"] += sum(ep.num_completion_tokens for ep in trajectories)
             for ep in trajectories:
                 self.errors.record(ep)
+                self._check_prompt_fits(group, ep)
         return trajectories
+
+    def _check_prompt_fits(self, group: Group, ep: Episode) -> None:
+        if ep.metrics.get("env_error") != "prompt_too_long" or self.fail_fast_groups == 0:
+            return
+        if self._finished_groups < self.fail_fast_groups:
+            self._fail(EpisodesFailing(
+                f"env {group.env!r}, example {ep.example_id}: {ep.error.removeprefix('prompt_too_long: ')} "
+                "(orchestrator.fail_fast_groups = 0 keeps going and drops such prompts)"
+            ))  # fmt: skip
 
     async def stop(self) -> None:
         tasks = self.groups.tasks()

@@ -18,20 +18,30 @@ Invariants of the returned `Episode`:
 - `token_versions` is the engine-reported weight version on sampled tokens and -1 elsewhere;
 - `truncated` is True when the episode was cut: by `seq_len` (the gateway clamps every turn to it), by a
   turn's `max_tokens` (finish reason "length"), or by a verifiers rollout limit (`Trace.is_truncated`);
-- environment faults never raise: a failed rollout, a reward that raised or is None/NaN, an empty
-  completion (no sampled token, or an empty final reply) give `status="error"` with `error` set and
-  `metrics["env_error"]` naming the kind; an engine abort gives `status="aborted"`.
+- environment faults never raise: a failed rollout, a reward that raised or is None/NaN, or an episode
+  in which the policy sampled no token give `status="error"` with `error` set and `metrics["env_error"]`
+  naming the kind, first cause first (`prompt_too_long` when the first model call was refused because
+  its prompt does not fit `seq_len`, `model_call` for another failed call, else `empty_completion`);
+  an engine abort gives `status="aborted"`;
+- an empty or whitespace final reply with sampled tokens (e.g. only the end-of-turn token) is a legal
+  action of the policy, trained with its reward like any other: it is not an error.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from prime_async.orchestrator.gateway import GatewayCall, GatewaySession
 from prime_async.orchestrator.types import Episode
 
-ENV_ERROR_KINDS = ("rollout", "reward", "empty_completion", "no_trace", "engine_abort")
+ENV_ERROR_KINDS = (
+    "rollout", "reward", "prompt_too_long", "model_call", "empty_completion", "no_trace", "engine_abort",
+)  # fmt: skip
+# verifiers' renderers client refuses a prompt longer than the gateway's `max_model_len` (= seq_len)
+# before any request is sent, with this message (renderers.OverlongPromptError)
+_OVERLONG = re.compile(r"Prompt length \((\d+)\) exceeds maximum context length \((\d+)\)")
 
 
 def _error(episode: Episode, kind: str, message: str) -> Episode:
@@ -138,8 +148,23 @@ def _trace_episode(
     if fault := _reward_fault(trace):
         return _error(episode, "reward", fault)
     episode.reward = float(trace.reward)
-    if not any(episode.loss_mask) or not trace.last_reply.strip():
-        return _error(episode, "empty_completion", "the policy's final reply is empty")
+    if not any(episode.loss_mask):
+        return _error(episode, *_no_sample_cause(trace))
     if not all(math.isfinite(x) for x in episode.sampler_logprobs):
         return _error(episode, "rollout", "non-finite sampler logprob")
     return episode
+
+
+def _no_sample_cause(trace: Any) -> tuple[str, str]:
+    """(kind, message) of an episode in which the policy sampled no token: the first failed model call
+    when there is one (that is the cause; the empty reply is its symptom)."""
+    failed = next((c.error for c in getattr(trace, "calls", []) if c.error is not None), None)
+    if failed is None:
+        return "empty_completion", "the policy sampled no token"
+    if match := _OVERLONG.search(failed.message):
+        prompt, limit = int(match[1]), int(match[2])
+        return "prompt_too_long", (
+            f"the prompt is {prompt} tokens (chat template and tool schemas included) and does not fit "
+            f"seq_len = {limit}: raise seq_len above {prompt} plus the completion budget, or shorten the prompt"
+        )
+    return "model_call", f"the first model call failed: {failed.type}: {failed.message}"[:2000]
