@@ -275,6 +275,6 @@ def test_deterministic_reaches_every_component_and_needs_the_newest_k_plus_1_bro
     assert not RLConfig().orchestrator.deterministic
     error = load_error(["--deterministic", "true", "--orchestrator.max-off-policy-steps", "3",
                         "--trainer.weights.keep-last", "3"])  # fmt: skip
-    assert "trainer.weights.keep_last (3) must be >= max_off_policy_steps + 1 (4)" in error
+    assert "trainer.weights.keep_last (3) must be >= orchestrator.max_off_policy_steps + 1 (4)" in error
     error = load_error(["--deterministic", "true", "--orchestrator.deterministic", "false", *k2])
     assert "orchestrator.deterministic = False conflicts with deterministic = True" in error

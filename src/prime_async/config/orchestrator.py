@@ -10,7 +10,8 @@ Invariants checked at validation time (each error names the TOML key and the fix
   rewritten to `envs = [env]` before validation, giving both is an error, neither gives the default
   environment; names are unique (in `envs` and in `eval.envs`);
 - `eval.placement = "shared"` takes no `eval.base_urls`; `dedicated` and `external` need them;
-- `deterministic = true` needs `update_weights_interval = 1` and the default sink (no `sink.import_path`).
+- `deterministic = true` needs `update_weights_interval = 1` and the default sink (no `sink.import_path`);
+- combinations of features that cannot train together are refused by `interactions.py` (one line, both keys).
 Derived defaults (`resolved_*` properties) follow DESIGN.md; this module never imports torch.
 """
 
@@ -25,6 +26,7 @@ from pydantic import Field, model_validator
 
 from prime_async.config.base import BaseConfig
 from prime_async.config.env import EnvConfig, EvalEnvConfig, SamplingOverrides, check_unique_names
+from prime_async.config.interactions import check_orchestrator
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
     RUN_ID_DESCRIPTION,
@@ -330,6 +332,7 @@ class OrchestratorConfig(BaseConfig):
                 "the broadcast directory, which the distributed transport writes only at checkpoint steps; "
                 "use weights.transport = 'filesystem' for a run with eval"
             )
+        check_orchestrator(self)
         needed = math.ceil(buffered / self.batch_groups)
         if self.max_off_policy_steps < needed and not self.deterministic:
             logger.warning(

@@ -14,6 +14,8 @@ its final values):
  inference.server.host/port (+ sglang.num_engines)          ──► orchestrator.inference.base_urls
  inference.server.api_key                                   ──► orchestrator.inference.api_key
  inference.engine / sglang max_running_requests             ──► orchestrator.inference.max_running_requests
+ orchestrator.max_off_policy_steps // update_weights_interval ──► inference.max_loaded_loras (with lora,
+     + 2 (`interactions.lora_slots_needed`)                       when unset; a smaller one is refused)
  orchestrator.max_off_policy_steps                          ──► trainer.max_off_policy_steps
  trainer.ckpt.interval                                      ──► orchestrator.ckpt.interval (if unset;
                                                                a given one must divide it)
@@ -44,6 +46,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_valid
 
 from prime_async.config.base import BaseConfig
 from prime_async.config.inference import InferenceConfig
+from prime_async.config.interactions import check_rl, derive_lora_slots, lora_slots_needed
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
@@ -157,6 +160,7 @@ class RLConfig(BaseConfig):
         _propagate_weights(cls, data, subs)
         _propagate_links(subs)
         _align_checkpoint_steps(subs)
+        _derive_lora_slots(data, subs)
         data.update(subs)
         _propagate_eval_inference(cls, data)
         return data
@@ -176,35 +180,9 @@ class RLConfig(BaseConfig):
         object.__setattr__(self, "__pydantic_fields_set__", fresh.__pydantic_fields_set__)
 
     @model_validator(mode="after")
-    def _check_deterministic(self) -> RLConfig:
-        """The orchestrator loads every version in turn, so the trainer must keep the K + 1 newest."""
-        k, keep = self.orchestrator.max_off_policy_steps, self.trainer.weights.keep_last
-        if self.deterministic and keep < k + 1:
-            raise ValueError(
-                f"deterministic = true loads every weight version in turn: trainer.weights.keep_last "
-                f"({keep}) must be >= max_off_policy_steps + 1 ({k + 1})"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_lora(self) -> RLConfig:
-        if self.lora is None:
-            return self
-        if self.lora.modules_to_save:
-            raise ValueError(
-                f"lora.modules_to_save = {self.lora.modules_to_save}: the inference engines serve adapters "
-                "of linear layers only; train those modules in full without LoRA, or leave it empty"
-            )
-        if self.restart.max_restarts > 0:
-            raise ValueError(
-                "restart.max_restarts > 0 with lora: restarting a component does not reload adapters yet; "
-                "set restart.max_restarts = 0 (resume the whole run with --resume instead)"
-            )
-        if self.weights.transport == "distributed":
-            raise ValueError(
-                "lora with weights.transport = 'distributed': adapters travel as PEFT directories on the "
-                "filesystem only; set weights.transport = 'filesystem'"
-            )
+    def _check_interactions(self) -> RLConfig:
+        """Combinations across components that cannot train together (`interactions.py`)."""
+        check_rl(self)
         return self
 
     @model_validator(mode="after")
@@ -229,6 +207,13 @@ class RLConfig(BaseConfig):
                 for segment in path[:-1]:
                     parent = getattr(parent, segment)
                 parent.__pydantic_fields_set__.discard(path[-1])
+        if self.lora is not None:  # derived slots (`_derive_lora_slots`) follow K again after a change
+            slots = lora_slots_needed(
+                self.orchestrator.max_off_policy_steps, self.orchestrator.update_weights_interval
+            )
+            for inference in (self.inference, self.eval_inference):
+                if inference is not None and inference.max_loaded_loras == slots:
+                    inference.__pydantic_fields_set__.discard("max_loaded_loras")
         if self.eval_inference is not None:
             for name in SHARED_FIELDS:
                 self.eval_inference.__pydantic_fields_set__.discard(name)
@@ -385,6 +370,19 @@ def _align_checkpoint_steps(subs: dict[str, dict]) -> None:
             "a restart resumes both at the trainer's checkpoint, so the orchestrator must checkpoint there "
             "too; leave orchestrator.ckpt.interval unset (rl copies the trainer's)"
         )
+
+
+def _derive_lora_slots(data: dict[str, Any], subs: dict[str, dict]) -> None:
+    """LoRA adapter slots of the engines `rl` launches, from K (`interactions.lora_slots_needed`)."""
+    try:
+        k = resolved(OrchestratorConfig, subs["orchestrator"], ("max_off_policy_steps",))
+        interval = resolved(OrchestratorConfig, subs["orchestrator"], ("update_weights_interval",))
+    except _Unresolved:
+        return
+    derive_lora_slots(subs["inference"], data.get("lora"), k=k, interval=interval)
+    if isinstance(data.get("eval_inference"), dict):
+        data["eval_inference"] = dict(data["eval_inference"])
+        derive_lora_slots(data["eval_inference"], data.get("lora"), k=k, interval=interval)
 
 
 def _propagate_eval_inference(cls: type[BaseModel], data: dict[str, Any]) -> None:

@@ -17,7 +17,10 @@ Invariants:
   version: the result's per-token versions and `weight_version` are that version, whatever the engine's
   global label says meanwhile. Staleness therefore stays exact: d <= the version of each token;
 - an adapter is unloaded only when no request of this client runs with it and it is not the current
-  one; the engine itself also waits for running requests before it drops an adapter (as SGLang does);
+  one (before a load, to free its slot, and after); the engine itself also waits for running requests
+  before it drops an adapter (as SGLang does);
+- with `max_loaded_loras >= K // update_weights_interval + 2` (what `rl` derives, `config/interactions.py`)
+  a load always finds a free slot: running requests name at most K // interval + 1 versions;
 - no flush on load: adapters have their own prefix-cache namespace in SGLang and the embedded engine has
   no prefix cache; the watcher's flush after `in_place` still passes through.
 """
@@ -75,20 +78,25 @@ class LoraEngineClient:
         self, model_path: str, weight_version: int, *, flush_cache: bool, abort_all_requests: bool = False
     ) -> None:
         """Load `model_path` (a PEFT adapter directory) as the adapter of `weight_version`, make it the
-        one new requests name, then unload older adapters no request of ours runs with."""
+        one new requests name, then unload older adapters no request of ours runs with. Idle adapters
+        are unloaded before the load too, so the new one finds a free slot whenever one can be free."""
         if abort_all_requests:
             await self.inner.abort_request(abort_all=True)
-        await self._version()
+        current = await self._version()
+        await self._unload_idle(keep={current, weight_version})
         name = adapter_name(weight_version)
-        loaded = await self.inner.load_lora_adapter(name, str(model_path))
+        await self.inner.load_lora_adapter(name, str(model_path))
         self._loaded.add(weight_version)
         await self.inner.update_weight_version(weight_version)
         self._current = weight_version
-        for old in sorted(self._loaded - {weight_version}):
-            if self._inflight[old] == 0 and adapter_name(old) in loaded:
+        await self._unload_idle(keep={weight_version})
+        logger.debug("engine %s: adapter %s loaded (%s)", self.base_url, name, model_path)
+
+    async def _unload_idle(self, *, keep: set[int]) -> None:
+        for old in sorted(self._loaded - keep):
+            if self._inflight[old] == 0:
                 await self.inner.unload_lora_adapter(adapter_name(old))
                 self._loaded.discard(old)
-        logger.debug("engine %s: adapter %s loaded (%s)", self.base_url, name, model_path)
 
     async def pause_generation(self, mode: EnginePauseMode) -> None:
         await self.inner.pause_generation(mode)

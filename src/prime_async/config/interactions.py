@@ -1,0 +1,121 @@
+"""Where features meet: the combinations of options that cannot train together, refused at start.
+
+Every option joins the feature-interaction matrix (`tests/matrix/`, its table in
+`docs/feature-matrix.md`): a combination either trains, or is refused here, before anything starts, with
+one line that names both keys and the reason (a ValueError: the CLI prints it and exits 2). A refusal is
+for combinations whose semantics cannot hold together; a combination that should work but does not is
+a defect to fix, not a rule to add here.
+
+Who calls it: `OrchestratorConfig` (rules within the orchestrator's own keys) and `RLConfig` (rules across
+components, and the defaults `rl` derives from them, e.g. the LoRA adapter slots from K).
+
+Invariants:
+- each rule is a pure function of validated config values; none imports torch;
+- every message starts with the first key as written in TOML, names the second, and says the way out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prime_async.config.orchestrator import OrchestratorConfig
+    from prime_async.config.rl import RLConfig
+
+
+def lora_slots_needed(max_off_policy_steps: int, update_weights_interval: int) -> int:
+    """Adapter slots an engine needs in a LoRA run.
+
+    A request keeps the adapter of the version it started at through pauses (SGLang fixes it at creation,
+    `retract` and `in_place` alike). When version v loads, groups dispatched before v - K were cancelled
+    (they cannot ship), so running requests name loaded versions in [v - K, v - 1], spaced
+    `update_weights_interval` apart: at most K // interval of them besides v - 1... v itself makes
+    K // interval + 1 (`LoraEngineClient` unloads idle adapters before each load). One more slot covers
+    the requests of cancelled groups that the engine is still finishing (an abort is asynchronous)."""
+    return max_off_policy_steps // update_weights_interval + 2
+
+
+def derive_lora_slots(inference: dict[str, Any], lora: Any, *, k: int, interval: int) -> None:
+    """`rl`: fill `inference.max_loaded_loras` (raw section, before validation) with the slots a LoRA run
+    needs at `max_off_policy_steps = k`, when the run trains LoRA and the key is unset."""
+    if lora is not None and "max_loaded_loras" not in inference:
+        inference["max_loaded_loras"] = lora_slots_needed(k, interval)
+
+
+def check_orchestrator(cfg: OrchestratorConfig) -> None:
+    """Rules among the orchestrator's own keys (raise ValueError with one line)."""
+    _check_top_p(cfg)
+    if not cfg.deterministic:
+        return
+    if len(cfg.envs) > 1:
+        raise ValueError(
+            f"deterministic = true with {len(cfg.envs)} orchestrator.envs: a filtered or errored group hands "
+            "its mix slot back when it finishes, so which env a later slot gets depends on timing; train one "
+            "env per deterministic run, or set deterministic = false"
+        )
+    if cfg.unused_handler == "retry":
+        raise ValueError(
+            "deterministic = true with orchestrator.unused_handler = 'retry': a retried prompt takes whichever "
+            "slot comes next, which depends on timing; set unused_handler = 'drop' (the default)"
+        )
+
+
+def _check_top_p(cfg: OrchestratorConfig) -> None:
+    """The engines (SGLang, and the embedded engine alike) report each token's logprob under the
+    untruncated distribution; with nucleus truncation the importance ratio against them is biased."""
+    trained = [("orchestrator.sampling.top_p", cfg.sampling.top_p)]
+    trained += [(f"orchestrator.envs[{e.label}].sampling.top_p", e.sampling.top_p) for e in cfg.envs]
+    for key, top_p in trained:
+        if top_p is not None and top_p < 1.0:
+            raise ValueError(
+                f"{key} = {top_p} with the trainer's importance-ratio loss: engines report sampler logprobs "
+                "of the untruncated distribution, so the ratio would be biased; train with top_p = 1 "
+                "(eval sampling may set any top_p)"
+            )
+
+
+def check_rl(cfg: RLConfig) -> None:
+    """Rules across components of one `rl` run (raise ValueError with one line)."""
+    orch = cfg.orchestrator
+    k, keep = orch.max_off_policy_steps, cfg.trainer.weights.keep_last
+    if cfg.deterministic and keep < k + 1:
+        raise ValueError(
+            f"deterministic = true loads every weight version in turn: trainer.weights.keep_last ({keep}) "
+            f"must be >= orchestrator.max_off_policy_steps + 1 ({k + 1})"
+        )
+    if cfg.lora is not None:
+        _check_lora(cfg)
+
+
+def _check_lora(cfg: RLConfig) -> None:
+    orch = cfg.orchestrator
+    lora = cfg.lora
+    assert lora is not None
+    if lora.modules_to_save:
+        raise ValueError(
+            f"lora.modules_to_save = {lora.modules_to_save}: the inference engines serve adapters "
+            "of linear layers only; train those modules in full without LoRA, or leave it empty"
+        )
+    if cfg.restart.max_restarts > 0:
+        raise ValueError(
+            "restart.max_restarts > 0 with lora: restarting a component does not reload adapters yet; "
+            "set restart.max_restarts = 0 (resume the whole run with --resume instead)"
+        )
+    if cfg.weights.transport == "distributed":
+        raise ValueError(
+            "lora with weights.transport = 'distributed': adapters travel as PEFT directories on the "
+            "filesystem only; set weights.transport = 'filesystem'"
+        )
+    needed = lora_slots_needed(orch.max_off_policy_steps, orch.update_weights_interval)
+    engines = [("inference", cfg.inference)]
+    if cfg.eval_inference is not None:
+        engines.append(("eval_inference", cfg.eval_inference))
+    for section, inference in engines:
+        if inference.max_loaded_loras < needed:
+            raise ValueError(
+                f"{section}.max_loaded_loras = {inference.max_loaded_loras} with lora and "
+                f"orchestrator.max_off_policy_steps = {orch.max_off_policy_steps}: requests keep their "
+                f"version's adapter through pauses, so up to K // update_weights_interval + 2 = {needed} "
+                f"adapters are loaded at once; raise {section}.max_loaded_loras or leave it unset (rl "
+                "derives it from K)"
+            )

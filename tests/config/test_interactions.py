@@ -1,0 +1,68 @@
+"""Feature interactions refused at start (`config/interactions.py`): one line naming both keys, and the
+defaults `rl` derives where two features meet (LoRA adapter slots from K)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prime_async.config.interactions import lora_slots_needed
+from prime_async.config.loader import ConfigError, load_config
+from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.config.rl import RLConfig
+
+LORA = ["--lora.rank", "4"]
+
+
+def rl_error(argv: list[str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(RLConfig, argv)
+    message = str(info.value)
+    assert "\n" not in message.strip(), "a refusal is one line"
+    return message
+
+
+def test_lora_adapter_slots_follow_k_by_default() -> None:
+    """Regression: the default 4 slots with the default K = 8 filled up after a few updates and the
+    engine refused the next adapter, which ended the run."""
+    cfg = load_config(RLConfig, [*LORA, "--orchestrator.max-off-policy-steps", "8"])
+    assert cfg.inference.max_loaded_loras == lora_slots_needed(8, 1) == 10
+    cfg = load_config(RLConfig, [*LORA, "--orchestrator.max-off-policy-steps", "8",
+                                 "--orchestrator.update-weights-interval", "3"])  # fmt: skip
+    assert cfg.inference.max_loaded_loras == 8 // 3 + 2
+    assert load_config(RLConfig, []).inference.max_loaded_loras == 4, "no lora: the engine's default"
+    cfg = load_config(RLConfig, [*LORA, "--orchestrator.max-off-policy-steps", "1",
+                                 "--inference.max-loaded-loras", "7"])  # fmt: skip
+    assert cfg.inference.max_loaded_loras == 7, "an explicit value that suffices is kept"
+
+
+def test_too_few_adapter_slots_are_refused_naming_both_keys() -> None:
+    error = rl_error([*LORA, "--orchestrator.max-off-policy-steps", "8", "--inference.max-loaded-loras", "4"])
+    assert "inference.max_loaded_loras = 4" in error and "orchestrator.max_off_policy_steps = 8" in error
+    assert "= 10" in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "keys"),
+    [
+        (["--orchestrator.unused-handler", "retry"], ("deterministic", "orchestrator.unused_handler")),
+        (["--orchestrator.sampling.top-p", "0.9"], ("orchestrator.sampling.top_p", "importance-ratio")),
+    ],
+)
+def test_refused_combinations_name_both_keys(argv: list[str], keys: tuple[str, str]) -> None:
+    error = rl_error(["--deterministic", "true", *argv])
+    for key in keys:
+        assert key in error
+
+
+def test_deterministic_with_an_env_mix_is_refused() -> None:
+    envs = [{"id": "reverse-text"}, {"id": "calculator"}]
+    with pytest.raises(ValueError, match=r"deterministic = true with 2 orchestrator.envs"):
+        OrchestratorConfig(deterministic=True, envs=envs)
+    assert len(OrchestratorConfig(envs=envs).envs) == 2, "a mix alone trains"
+
+
+def test_top_p_is_refused_for_training_only() -> None:
+    with pytest.raises(ValueError, match=r"orchestrator.envs\[calculator\].sampling.top_p = 0.5"):
+        OrchestratorConfig(envs=[{"id": "calculator", "sampling": {"top_p": 0.5}}])
+    cfg = OrchestratorConfig(eval={"envs": [{"id": "reverse-text"}], "sampling": {"top_p": 0.5}})
+    assert cfg.eval.sampling.top_p == 0.5, "eval episodes are never trained: any top_p"
