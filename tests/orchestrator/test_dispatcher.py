@@ -179,8 +179,10 @@ def test_every_early_episode_failing_stops_the_run_at_once(caplog: pytest.LogCap
 
 def test_a_prompt_that_does_not_fit_stops_the_run_at_the_first_episode():
     async def go():
-        error = ("prompt_too_long: the prompt is 486 tokens (chat template and tool schemas included) and "
-                 "does not fit seq_len = 256: raise seq_len above 486 plus the completion budget")  # fmt: skip
+        error = (
+            "prompt_too_long: the prompt is 486 tokens (chat template and tool schemas included) and "
+            "does not fit seq_len = 256: raise seq_len above 486 plus the completion budget"
+        )
         source = ScriptedSource(status="error", error=error, kind="prompt_too_long")
         disp, *_ = build(source, max_dropped=100)
         t0 = asyncio.get_running_loop().time()

@@ -179,3 +179,51 @@ def test_interval_and_run_loop_pick_latest(tmp_path: Path):
             await task
 
     run_virtual(go())
+
+
+class ForgetfulLoader:
+    """Hand-written `WeightLoader` whose trainer holds only the newest `held` versions of `announced`."""
+
+    def __init__(self, announced: int, held: int) -> None:
+        self.announced, self.held = announced, held
+        self.loads: list[int] = []
+
+    def latest(self) -> int:
+        return self.announced
+
+    async def load(self, engines, version: int, *, flush_cache: bool) -> None:
+        from prime_async.orchestrator.weight_watcher import VersionGone
+
+        if version <= self.announced - self.held:
+            raise VersionGone(f"cannot send version {version}: versions held: [{self.announced - 1}, ...]")
+        self.loads.append(version)
+
+    def engines_restarted(self) -> None:
+        pass
+
+
+def test_a_version_gone_from_the_trainer_is_replaced_by_the_newest():
+    """Distributed weights: the trainer keeps the two newest snapshots; a watcher that asks for an older
+    one (it was held back) loads the newest in the same pause instead of failing the run."""
+
+    async def go():
+        watcher, engines, admission, _, _ = make("retract")
+        watcher.loader = ForgetfulLoader(announced=5, held=2)
+        await watcher.update(2)
+        assert watcher.loader.loads == [5] and admission.served_version == 5
+        assert not any(e.paused for e in engines), "the engines were resumed"
+
+    run_virtual(go())
+
+
+def test_deterministic_runs_never_skip_a_version_that_is_gone():
+    from prime_async.orchestrator.weight_watcher import VersionGone
+
+    async def go():
+        watcher, _, _, _, _ = make("drain")
+        watcher.loader = ForgetfulLoader(announced=5, held=2)
+        watcher.schedule = object()  # deterministic: every version in turn, so a gap is an error
+        with pytest.raises(VersionGone):
+            await watcher.update(2)
+
+    run_virtual(go())

@@ -55,8 +55,8 @@ def check_orchestrator(cfg: OrchestratorConfig) -> None:
         )
     if cfg.unused_handler == "retry":
         raise ValueError(
-            "deterministic = true with orchestrator.unused_handler = 'retry': a retried prompt takes whichever "
-            "slot comes next, which depends on timing; set unused_handler = 'drop' (the default)"
+            "deterministic = true with orchestrator.unused_handler = 'retry': a retried prompt takes "
+            "whichever slot comes next, which depends on timing; set unused_handler = 'drop' (the default)"
         )
 
 

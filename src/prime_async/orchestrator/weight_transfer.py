@@ -30,7 +30,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prime_async.config.shared import WeightTransferConfig
-from prime_async.transport.control import ControlServer, JoinGroup, Published, SendWeights
+from prime_async.orchestrator.weight_watcher import VersionGone
+from prime_async.transport.control import (
+    VERSION_GONE,
+    ControlServer,
+    JoinGroup,
+    Published,
+    Refused,
+    SendWeights,
+)
 from prime_async.weight_group import TensorMeta
 
 logger = logging.getLogger(__name__)
@@ -38,7 +46,7 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from prime_async.config.orchestrator import OrchestratorConfig
 
-KEEP_ANNOUNCED = 4
+KEEP_ANNOUNCED = 4  # at least; a deterministic run remembers K + 2 (it loads every version in turn)
 
 
 def build_control(
@@ -71,7 +79,8 @@ def build_control(
     port = cfg.weights.resolved_control_port(cfg.transport)
     control = ControlServer(cfg.transport.host, port, on_published=on_published, on_error=on_error)
     if cfg.weights.transport == "distributed":
-        loader = DistributedWeights(control, cfg.weights)
+        keep = KEEP_ANNOUNCED if not cfg.deterministic else max(KEEP_ANNOUNCED, cfg.max_off_policy_steps + 2)
+        loader = DistributedWeights(control, cfg.weights, keep_announced=keep)
     control.start()
     return control, loader, wake, failed
 
@@ -79,15 +88,18 @@ def build_control(
 class DistributedWeights:
     """`WeightLoader` over a torch.distributed group trainer rank 0 + every engine."""
 
-    def __init__(self, control: ControlServer, cfg: WeightTransferConfig):
+    def __init__(
+        self, control: ControlServer, cfg: WeightTransferConfig, *, keep_announced: int = KEEP_ANNOUNCED
+    ):
         self.control, self.cfg = control, cfg
+        self.keep_announced = keep_announced
         self._announced: OrderedDict[int, list[list[TensorMeta]]] = OrderedDict()
         self._group: str | None = None
         self._retired: list[str] = []  # groups to leave on the engines before the next join
 
     def on_published(self, msg: Published) -> None:
         self._announced[msg.version] = msg.buckets
-        while len(self._announced) > KEEP_ANNOUNCED:
+        while len(self._announced) > self.keep_announced:
             self._announced.popitem(last=False)
 
     def latest(self) -> int | None:
@@ -111,7 +123,12 @@ class DistributedWeights:
         assert self._group is not None
         request = self.control.open_request(lambda rid: SendWeights(rid, version, self._group or ""))
         try:
-            await request.reply("ack", self.cfg.timeout_s)  # a refusal here leaves the group untouched
+            try:
+                await request.reply("ack", self.cfg.timeout_s)  # a refusal here leaves the group untouched
+            except Refused as e:
+                if VERSION_GONE in str(e):
+                    raise VersionGone(str(e)) from e
+                raise
             try:
                 await self._transfer(engines, buckets, version, flush_cache)
                 await request.reply("done", self.cfg.timeout_s)

@@ -80,8 +80,13 @@ class BroadcastDir:
         return str(version_dir(self.root, version))
 
 
+class VersionGone(RuntimeError):
+    """`WeightLoader.load`: the source no longer holds that version (newer ones replaced it)."""
+
+
 class WeightLoader(Protocol):
-    """Where versions come from and how they reach the engines, when not the broadcast directory."""
+    """Where versions come from and how they reach the engines, when not the broadcast directory.
+    `load` raises `VersionGone` when the version is no longer held."""
 
     def latest(self) -> int | None: ...
 
@@ -247,13 +252,7 @@ class WeightWatcher:
         else:
             await asyncio.gather(*(e.pause_generation(self.pause_mode) for e in self.engines))
         flush = self.pause_mode != "in_place"
-        if self.loader is not None:
-            await self.loader.load(self.engines, version, flush_cache=flush)
-        else:
-            path = self.broadcasts.path(version)
-            await asyncio.gather(
-                *(e.update_weights_from_disk(path, version, flush_cache=flush) for e in self.engines)
-            )
+        version = await self._load(version, flush)
         self._reload = False
         if version > self.served_version:
             self.admission.set_served_version(version)
@@ -267,6 +266,29 @@ class WeightWatcher:
         logger.info("weights v%d loaded into %d engine(s) (%s)", version, len(self.engines), self.pause_mode)
         if self.pause_mode == "in_place":
             await self._flush_when_idle(version)
+
+    async def _load(self, version: int, flush: bool) -> int:
+        """Load `version` into every engine (paused or drained); returns the version loaded. A loader
+        that no longer holds it (the trainer kept only the newest) gets the newest instead, except in
+        deterministic runs, which load every version in turn (and whose trainer holds K + 1)."""
+        if self.loader is None:
+            path = self.broadcasts.path(version)
+            await asyncio.gather(
+                *(e.update_weights_from_disk(path, version, flush_cache=flush) for e in self.engines)
+            )
+            return version
+        try:
+            await self.loader.load(self.engines, version, flush_cache=flush)
+            return version
+        except VersionGone:
+            newest = self.latest()
+            if self.schedule is not None or newest is None or newest <= version:
+                raise
+        logger.info(
+            "weights v%d are gone from the trainer's memory: loading the newest, v%d", version, newest
+        )
+        await self.loader.load(self.engines, newest, flush_cache=flush)
+        return newest
 
     async def _flush_when_idle(self, version: int) -> None:
         # New requests must not reuse prefix KV of older weights; SGLang flushes only when idle.

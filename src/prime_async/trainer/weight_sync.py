@@ -3,7 +3,7 @@
     Trainer.publish(n) ──► WeightSync.publish(state, n)
         filesystem:  snapshot (a copy), then on the writer thread: WeightPublisher writes
                      broadcasts/step_n/ (+ STABLE)                                  ──► Published(n)
-        distributed: state kept in memory (the newest KEEP_SNAPSHOTS versions), on disk only at
+        distributed: state kept in memory (the newest `snapshots_to_keep`), on disk only at
                      checkpoint steps and the last step (restarts load from there) ──► Published(n, buckets)
     control thread (transport/control.py), on the orchestrator's requests:
         JoinGroup   ──► join the weight group as rank 0 (leaving an older one), reply done
@@ -34,7 +34,14 @@ import torch.distributed as dist
 
 from prime_async.config.trainer import TrainerConfig
 from prime_async.trainer.weights import WeightPublisher
-from prime_async.transport.control import ControlClient, JoinGroup, Published, Reply, SendWeights
+from prime_async.transport.control import (
+    VERSION_GONE,
+    ControlClient,
+    JoinGroup,
+    Published,
+    Reply,
+    SendWeights,
+)
 from prime_async.weight_group import (
     TensorMeta,
     join_weight_group,
@@ -50,6 +57,16 @@ logger = logging.getLogger(__name__)
 KEEP_SNAPSHOTS = 2  # the newest and the one the orchestrator may still be loading
 
 
+def snapshots_to_keep(cfg: TrainerConfig) -> int:
+    """Versions held in memory for the distributed transport. A deterministic run loads every version in
+    turn and the trainer runs up to K + 1 versions ahead of the served one, so it keeps K + 1 (that many
+    CPU copies of the weights); otherwise the orchestrator asks for the newest, and a version it asks for
+    once two newer exist is refused and replaced by the newest (`WeightWatcher.update`)."""
+    if cfg.deterministic:
+        return max(KEEP_SNAPSHOTS, (cfg.max_off_policy_steps or 0) + 1)
+    return KEEP_SNAPSHOTS
+
+
 def _snapshot(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A CPU copy of `state` (never a view: the optimizer changes the parameters while it is written)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
@@ -61,6 +78,7 @@ class WeightSync:
     def __init__(self, cfg: TrainerConfig, publisher: WeightPublisher, device: torch.device, *, tied: bool):
         self.cfg, self.publisher, self.device, self.tied = cfg, publisher, device, tied
         self.distributed = cfg.weights.transport == "distributed"
+        self.keep_snapshots = snapshots_to_keep(cfg)
         self._snapshots: OrderedDict[int, tuple[dict[str, torch.Tensor], list[list[TensorMeta]]]] = (
             OrderedDict()
         )
@@ -89,7 +107,7 @@ class WeightSync:
         buckets = plan_buckets(metas_of(tensors), int(self.cfg.weights.bucket_mb * 2**20))
         with self._lock:
             self._snapshots[version] = (tensors, buckets)
-            while len(self._snapshots) > KEEP_SNAPSHOTS:
+            while len(self._snapshots) > self.keep_snapshots:
                 self._snapshots.popitem(last=False)
         if on_disk:
             self.publisher.publish(tensors, version, protected=protected)
@@ -159,7 +177,7 @@ class WeightSync:
             held = self._snapshots.get(msg.version)
             versions = list(self._snapshots)
         if held is None or self._group is None:
-            why = "no weight group joined" if self._group is None else f"versions held: {versions}"
+            why = "no weight group joined" if self._group is None else f"{VERSION_GONE}: {versions}"
             raise ValueError(f"cannot send version {msg.version}: {why}")
         reply(Reply(msg.request_id, True, "ack"))
         tensors, buckets = held

@@ -40,6 +40,7 @@ from prime_async.weight_group import TensorMeta
 logger = logging.getLogger(__name__)
 
 CONTROL_PROTOCOL = 1
+VERSION_GONE = "versions held"  # a SendWeights refusal's words when the version is no longer in memory
 HELLO_INTERVAL_S = 2.0
 
 
@@ -186,6 +187,10 @@ class ControlServer:
         return Request(request_id, queue, lambda: self._replies.pop(request_id, None))
 
 
+class Refused(RuntimeError):
+    """The trainer answered a request with a refusal (its message says why)."""
+
+
 class Request:
     """Replies to one request; `close()` stops collecting them."""
 
@@ -193,7 +198,7 @@ class Request:
         self.request_id, self._queue, self.close = request_id, queue, close
 
     async def reply(self, phase: str, timeout_s: float) -> Reply:
-        """The next reply, which must be of `phase`; RuntimeError on a refusal or a timeout."""
+        """The next reply, which must be of `phase`; `Refused` on a refusal, RuntimeError on a timeout."""
         try:
             reply = await asyncio.wait_for(self._queue.get(), timeout_s)
         except TimeoutError:
@@ -201,7 +206,7 @@ class Request:
                 f"trainer did not answer request {self.request_id} within {timeout_s:.0f} s"
             ) from None
         if not reply.ok:
-            raise RuntimeError(f"trainer refused request {self.request_id}: {reply.message}")
+            raise Refused(f"trainer refused request {self.request_id}: {reply.message}")
         if reply.phase != phase:
             raise WireError(f"control channel: expected a {phase!r} reply, got {reply.phase!r}")
         return reply

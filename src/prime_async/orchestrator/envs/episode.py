@@ -165,6 +165,7 @@ def _no_sample_cause(trace: Any) -> tuple[str, str]:
         prompt, limit = int(match[1]), int(match[2])
         return "prompt_too_long", (
             f"the prompt is {prompt} tokens (chat template and tool schemas included) and does not fit "
-            f"seq_len = {limit}: raise seq_len above {prompt} plus the completion budget, or shorten the prompt"
+            f"seq_len = {limit}: raise seq_len above {prompt} plus the completion budget, or shorten the "
+            "prompt"
         )
     return "model_call", f"the first model call failed: {failed.type}: {failed.message}"[:2000]
