@@ -77,3 +77,36 @@ def test_eval_engines_load_each_evaluated_version(tmp_path: Path, placement: str
         assert not any(kind == "pause" for kind, _ in engine.calls)  # training updates never touch them
     for r in result.evals:
         assert r.metrics["eval/heldout/off_version_tokens"] == 0
+
+
+def test_an_eval_engine_hiccup_never_ends_training(tmp_path: Path, monkeypatch) -> None:
+    """Regression: a dedicated eval engine answered /model_info with 'Server disconnected', the
+    EngineUnavailable escaped the eval task and the orchestrator exited, ending the run. Now a failed
+    load or eval is retried, then that version is skipped (`eval/failed_versions`); training goes on."""
+    from prime_async.inference.types import EngineUnavailable
+    from prime_async.testing.simulation import SimulatedEngine
+
+    real_version, real_update = SimulatedEngine.weight_version, SimulatedEngine.update_weights_from_disk
+    hiccups = {"v0": 1}  # v0: the first /model_info of eval engine 100 fails, the retry succeeds
+
+    async def weight_version(self: SimulatedEngine) -> int:
+        if self.base_url == "sim://engine100" and hiccups["v0"] > 0:
+            hiccups["v0"] -= 1
+            raise EngineUnavailable("Server disconnected without sending a response")
+        return await real_version(self)
+
+    async def update_weights_from_disk(self: SimulatedEngine, path, version, **kw) -> None:
+        if (
+            self.base_url == "sim://engine100" and version == 3
+        ):  # v3 never loads on this engine: given up, then skipped
+            raise EngineUnavailable("Server disconnected without sending a response")
+        await real_update(self, path, version, **kw)
+
+    monkeypatch.setattr(SimulatedEngine, "weight_version", weight_version)
+    monkeypatch.setattr(SimulatedEngine, "update_weights_from_disk", update_weights_from_disk)
+    cfg = config(tmp_path, placement="dedicated", base_urls=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    result = run_virtual(run_simulation(cfg, SimParams(seed=4, latency_s=1.0)))
+    assert sorted(result.trained) == list(range(7)), "training ran to the end"
+    versions = [r.version for r in result.evals]
+    assert 0 in versions and 3 not in versions and versions[-1] == 7
+    assert result.evals[-1].metrics["eval/failed_versions"] == 1.0

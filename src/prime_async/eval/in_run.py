@@ -18,9 +18,12 @@ Invariants:
 - an eval runs at the newest version that is due and available; older due versions passed meanwhile are
   skipped (counted in `eval/skipped_versions`), so a slow eval never falls further behind;
 - dedicated / external: every evaluated version > 0 is loaded from its broadcast first; one whose
-  broadcast was pruned (or that an engine refused) is skipped with a warning; version 0 is evaluated
-  only on engines that still serve it;
-- eval episodes never enter the group table or the train sink (see `episodes.py`).
+  broadcast was pruned (or that an engine refused) fails (below); version 0 is evaluated only on
+  engines that still serve it;
+- eval episodes never enter the group table or the train sink (see `episodes.py`);
+- eval never ends training: a version whose load or eval fails (an eval engine that disconnects, a
+  broadcast pruned meanwhile) is retried `EVAL_ATTEMPTS` times with backoff, then skipped with one ERROR
+  line and counted in `eval/failed_versions`; only cancellation passes through.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from prime_async.inference.types import EngineClient
 from prime_async.orchestrator.weight_watcher import Broadcasts
 
 logger = logging.getLogger(__name__)
+
+EVAL_ATTEMPTS = 3
+EVAL_BACKOFF_S = 1.0  # doubled after each failed attempt
 
 
 def due_versions(cfg: OrchestratorEvalConfig, *, max_steps: int, start_version: int) -> list[int]:
@@ -89,6 +95,7 @@ class InRunEval:
         self.poll_interval_s = poll_interval_s
         self.clock = clock
         self.skipped: list[int] = []
+        self.failed: list[int] = []  # versions given up after EVAL_ATTEMPTS failures
         self._done = asyncio.Event()
         if not self.pending:
             self._done.set()
@@ -132,7 +139,7 @@ class InRunEval:
         async with self.pin:  # weight updates wait until this eval is over
             version = self.served_version()
             self._take(version)
-            await self._evaluate(version)
+            await self._with_retries(version, lambda: self._evaluate(version))
 
     async def _dedicated_step(self) -> None:
         latest = self.broadcasts.latest_stable()
@@ -142,10 +149,34 @@ class InRunEval:
             return
         version = available[-1]
         self._take(version)
-        if await self._load(version):
-            await self._evaluate(version)
-        else:
-            self.skipped.append(version)
+
+        async def load_and_evaluate() -> None:
+            if await self._load(version):
+                await self._evaluate(version)
+            else:
+                self.skipped.append(version)
+
+        await self._with_retries(version, load_and_evaluate)
+
+    async def _with_retries(self, version: int, attempt: Callable[[], Awaitable[None]]) -> None:
+        """Run `attempt` until it succeeds, at most EVAL_ATTEMPTS times; then skip `version` (module
+        docstring: eval never ends training)."""
+        delay = EVAL_BACKOFF_S
+        for number in range(1, EVAL_ATTEMPTS + 1):
+            try:
+                await attempt()
+                return
+            except Exception as e:  # tolerated: eval is not worth a training run (CancelledError passes)
+                error = f"{type(e).__name__}: {e}"
+                if number == EVAL_ATTEMPTS:
+                    break
+                logger.warning("eval of version %d failed (attempt %d of %d, %s): retry in %.0f s",
+                               version, number, EVAL_ATTEMPTS, error, delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay *= 2
+        self.failed.append(version)
+        logger.error("eval of version %d failed %d times (last: %s): skipped; training goes on",
+                     version, EVAL_ATTEMPTS, error)  # fmt: skip
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _take(self, version: int) -> None:
@@ -155,8 +186,9 @@ class InRunEval:
         self.skipped.extend(v for v in passed if v != version)
 
     async def _load(self, version: int) -> bool:
-        """Make every eval engine serve `version`; False (warned) when it cannot. A version > 0 is always
-        loaded from its broadcast (a label alone could name weights of a history rolled back since)."""
+        """Make every eval engine serve `version`; False (warned) when v0 is asked of engines that serve
+        another version. A version > 0 is always loaded from its broadcast (a label alone could name
+        weights of a history rolled back since); errors propagate to `_with_retries`."""
         if version == 0:
             versions = await asyncio.gather(*(e.weight_version() for e in self.engines))
             if set(versions) == {0}:
@@ -164,15 +196,10 @@ class InRunEval:
             logger.warning("eval engines serve versions %s, not the initial model: eval of v0 skipped",
                            sorted(set(versions)))  # fmt: skip
             return False
-        path = self.broadcasts.path(version)
-        try:
-            await asyncio.gather(
-                *(e.update_weights_from_disk(path, version, flush_cache=True) for e in self.engines)
-            )
-        except Exception as e:  # tolerated: e.g. the trainer pruned the broadcast before it was loaded
-            logger.warning("eval engines could not load version %d (%s: %s): eval of it skipped",
-                           version, type(e).__name__, e)  # fmt: skip
-            return False
+        path = self.broadcasts.path(version)  # a failure (pruned broadcast, engine gone) is retried
+        await asyncio.gather(
+            *(e.update_weights_from_disk(path, version, flush_cache=True) for e in self.engines)
+        )
         return True
 
     async def _evaluate(self, version: int) -> None:
@@ -184,6 +211,7 @@ class InRunEval:
         result.metrics["eval/time"] = self.clock() - start
         result.metrics["eval/lag_steps"] = float(max(self.progress() - version, 0))
         result.metrics["eval/skipped_versions"] = float(len(self.skipped))
+        result.metrics["eval/failed_versions"] = float(len(self.failed))
         for line in result.summary([env.name for env in self.envs]):
             logger.info(line)
         self.on_result(result)
