@@ -81,10 +81,10 @@ def test_orchestrator_refuses_an_engine_of_another_run(engine: tuple[int, dict])
     port, info = engine
     info.update(run_id="run-b", model_path="m", weight_version="0")
 
-    async def check(run_id: str | None) -> None:
+    async def check(run_id: str | None, model_path: str = "m") -> None:
         client = HttpEngineClient(f"http://127.0.0.1:{port}", None)
         try:
-            await check_engines_belong_to_run([client], run_id)
+            await check_engines_belong_to_run([client], run_id, model_path=model_path)
         finally:
             await client.aclose()
 
@@ -92,6 +92,12 @@ def test_orchestrator_refuses_an_engine_of_another_run(engine: tuple[int, dict])
     asyncio.run(check(None))  # a run without an id checks nothing
     with pytest.raises(RuntimeError, match=r"belongs to run run-b, not to run-a"):
         asyncio.run(check("run-a"))
+    # the orchestrator starts with the engines, so it makes the launcher's SGLang check itself: an
+    # engine that reports no run id must serve this run's model
+    info.pop("run_id")
+    asyncio.run(check("run-a"))
+    with pytest.raises(RuntimeError, match=r"serves 'm', not this run's model '/other'"):
+        asyncio.run(check("run-a", model_path="/other"))
 
 
 def test_an_engine_ahead_of_the_first_batch_is_refused() -> None:

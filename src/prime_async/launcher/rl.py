@@ -201,19 +201,20 @@ def _supervise(cfg: RLConfig, components: dict[str, Component], output_dir: Path
 def _start_and_watch(
     cfg: RLConfig, components: dict[str, Component], output_dir: Path, stop_signal: list[int]
 ) -> int:
-    # The trainer needs nothing from the engines, so it loads its model while they load theirs; the
-    # orchestrator starts only once every engine is healthy and proven to belong to this run.
+    # Everything starts at once: the trainer and the orchestrator need nothing from the engines to load
+    # (model, environments); the orchestrator waits for the engines itself and checks, as the launcher
+    # does here, that they belong to this run before it sends them anything.
     engines = [components[n] for n in ("inference", "eval_inference") if n in components]
     for engine in engines:
         engine.start()
     components["trainer"].start()
+    components["orchestrator"].start()
     for engine in engines:
         engine.wait_healthy(timeout_s=cfg.startup_timeout_s, stop_flag=stop_signal)
     if not stop_signal:
         check_engine_identity(cfg)
         if cfg.eval_inference is not None:
             check_engine_identity(cfg, cfg.eval_inference)
-    components["orchestrator"].start()
     progress = ProgressView(metrics_dir=output_dir / "metrics", max_steps=cfg.max_steps)
     budget = RestartBudget(max_restarts=cfg.restart.max_restarts)
     while not stop_signal:

@@ -15,7 +15,8 @@ from prime_async.inference.types import EngineClient
 
 
 async def wait_for_engines(engines: Sequence[EngineClient], *, timeout_s: float) -> None:
-    """Poll `/health` of every engine until all answer (the launcher starts inference first)."""
+    """Poll `/health` of every engine until all answer (the launcher starts inference and the orchestrator
+    together; the orchestrator loads its environments meanwhile)."""
     deadline = time.monotonic() + timeout_s
     while not all(await asyncio.gather(*(e.health() for e in engines))):
         if time.monotonic() > deadline:
@@ -34,12 +35,23 @@ def check_served_not_ahead(served_version: int, start_step: int) -> None:
         )
 
 
-async def check_engines_belong_to_run(engines: Sequence[Any], run_id: str | None) -> None:
-    """Refuse (RuntimeError) an engine that reports another run's id: its weights are not ours, and our
-    weight updates must never reach it. Engines that report no id (SGLang) are checked by the launcher."""
+async def check_engines_belong_to_run(
+    engines: Sequence[Any], run_id: str | None, *, model_path: str | None = None
+) -> None:
+    """Refuse (RuntimeError) an engine that is not this run's, before any request reaches it: one that
+    reports another run's id (its weights are not ours, and our weight updates must never reach it), or,
+    when it reports no id (SGLang), one that serves another model than `model_path` (another server
+    answers on the port). The same checks as the launcher's, so the orchestrator may start with the
+    engines instead of after them."""
     if run_id is None:
         return
     for engine in engines:
-        reported = (await engine.model_info()).get("run_id")
+        info = await engine.model_info()
+        reported = info.get("run_id")
         if reported is not None and reported != run_id:
             raise RuntimeError(f"the engine at {engine.base_url} belongs to run {reported}, not to {run_id}")
+        if reported is None and model_path is not None and str(info.get("model_path")) != model_path:
+            raise RuntimeError(
+                f"the engine at {engine.base_url} serves {info.get('model_path')!r}, not this run's model "
+                f"{model_path!r}: another server answers on its port"
+            )

@@ -319,11 +319,13 @@ async def _run(cfg: OrchestratorConfig) -> None:
         await asyncio.to_thread(sender.send, batch)
 
     try:
-        await wait_for_engines(engines, timeout_s=cfg.inference.timeout_s)
-        await check_engines_belong_to_run(engines, cfg.run_id)
         async with contextlib.AsyncExitStack() as stack:
+            # envs load (verifiers import, tasks, gateways) while the engines start: nothing here talks
+            # to an engine before it is healthy and proven to belong to this run
             for source in sources.values():
                 await stack.enter_async_context(source)
+            await wait_for_engines(engines, timeout_s=cfg.inference.timeout_s)
+            await check_engines_belong_to_run(engines, cfg.run_id, model_path=str(cfg.model.path))
             versions = await asyncio.gather(*(e.weight_version() for e in engines))
             served = min(versions)
             comps = build_components(
