@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from prime_async.config.trainer import DEFAULT_KEEP_LAST
+
 if TYPE_CHECKING:
     from prime_async.config.orchestrator import OrchestratorConfig
     from prime_async.config.rl import RLConfig
@@ -40,6 +42,17 @@ def derive_lora_slots(inference: dict[str, Any], lora: Any, *, k: int, interval:
     needs at `max_off_policy_steps = k`, when the run trains LoRA and the key is unset."""
     if lora is not None and "max_loaded_loras" not in inference:
         inference["max_loaded_loras"] = lora_slots_needed(k, interval)
+
+
+def derive_keep_last(trainer: dict[str, Any], *, deterministic: bool, k: int) -> None:
+    """`rl`: a deterministic run loads every version in turn, so the trainer keeps the K + 1 newest
+    broadcasts; fill `trainer.weights.keep_last` (raw section) when it is unset and the default is
+    fewer (an explicit smaller value is refused by `check_rl`)."""
+    weights = trainer.get("weights")
+    if not deterministic or (isinstance(weights, dict) and "keep_last" in weights):
+        return
+    if k + 1 > DEFAULT_KEEP_LAST:
+        trainer["weights"] = {**(weights if isinstance(weights, dict) else {}), "keep_last": k + 1}
 
 
 def check_orchestrator(cfg: OrchestratorConfig) -> None:

@@ -46,7 +46,12 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_valid
 
 from prime_async.config.base import BaseConfig
 from prime_async.config.inference import InferenceConfig
-from prime_async.config.interactions import check_rl, derive_lora_slots, lora_slots_needed
+from prime_async.config.interactions import (
+    check_rl,
+    derive_keep_last,
+    derive_lora_slots,
+    lora_slots_needed,
+)
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
@@ -58,7 +63,7 @@ from prime_async.config.shared import (
     WandbConfig,
     WeightTransferConfig,
 )
-from prime_async.config.trainer import TrainerConfig
+from prime_async.config.trainer import DEFAULT_KEEP_LAST, TrainerConfig
 
 KeyPath = tuple[str, ...]
 SUBSECTIONS: dict[str, type[BaseModel]] = {
@@ -160,7 +165,7 @@ class RLConfig(BaseConfig):
         _propagate_weights(cls, data, subs)
         _propagate_links(subs)
         _align_checkpoint_steps(subs)
-        _derive_lora_slots(data, subs)
+        _derive_from_k(data, subs)
         data.update(subs)
         _propagate_eval_inference(cls, data)
         return data
@@ -214,6 +219,9 @@ class RLConfig(BaseConfig):
             for inference in (self.inference, self.eval_inference):
                 if inference is not None and inference.max_loaded_loras == slots:
                     inference.__pydantic_fields_set__.discard("max_loaded_loras")
+        k = self.orchestrator.max_off_policy_steps
+        if self.deterministic and self.trainer.weights.keep_last == max(k + 1, DEFAULT_KEEP_LAST):
+            self.trainer.weights.__pydantic_fields_set__.discard("keep_last")  # derived from K
         if self.eval_inference is not None:
             for name in SHARED_FIELDS:
                 self.eval_inference.__pydantic_fields_set__.discard(name)
@@ -372,14 +380,17 @@ def _align_checkpoint_steps(subs: dict[str, dict]) -> None:
         )
 
 
-def _derive_lora_slots(data: dict[str, Any], subs: dict[str, dict]) -> None:
-    """LoRA adapter slots of the engines `rl` launches, from K (`interactions.lora_slots_needed`)."""
+def _derive_from_k(data: dict[str, Any], subs: dict[str, dict]) -> None:
+    """What K decides where features meet (`interactions.py`): the LoRA adapter slots of the engines
+    `rl` launches, and the broadcasts a deterministic trainer keeps."""
     try:
         k = resolved(OrchestratorConfig, subs["orchestrator"], ("max_off_policy_steps",))
         interval = resolved(OrchestratorConfig, subs["orchestrator"], ("update_weights_interval",))
+        deterministic = resolved(OrchestratorConfig, subs["orchestrator"], ("deterministic",))
     except _Unresolved:
         return
     derive_lora_slots(subs["inference"], data.get("lora"), k=k, interval=interval)
+    derive_keep_last(subs["trainer"], deterministic=deterministic, k=k)
     if isinstance(data.get("eval_inference"), dict):
         data["eval_inference"] = dict(data["eval_inference"])
         derive_lora_slots(data["eval_inference"], data.get("lora"), k=k, interval=interval)

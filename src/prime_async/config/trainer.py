@@ -218,16 +218,20 @@ class CkptConfig(BaseConfig):
     keep: int | None = Field(2, ge=1, description="Keep this many newest checkpoints (None = all).")
 
 
+DEFAULT_KEEP_LAST = 3
+
+
 class WeightsConfig(WeightTransferConfig):
     """Weight transfer (shared with the orchestrator) and the versions kept under
     `output_dir/broadcasts/step_{n}/`."""
 
     keep_last: int = Field(
-        3,
+        DEFAULT_KEEP_LAST,
         ge=2,
         description="Keep this many newest broadcast dirs (>= 2: the orchestrator may still load the "
         "previous "
-        "one while the newest is written), plus those of checkpoint steps.",
+        "one while the newest is written), plus those of checkpoint steps. `rl` raises it to K + 1 in a "
+        "deterministic run (every version is loaded in turn).",
     )
 
 
