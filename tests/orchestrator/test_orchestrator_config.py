@@ -38,11 +38,12 @@ def test_interval_beyond_k_is_rejected():
 def test_k_below_buffer_depth_warns(caplog):
     with caplog.at_level(logging.WARNING):
         OrchestratorConfig(batch_groups=4, max_buffered_groups=16, max_off_policy_steps=2)
-    assert "max_off_policy_steps (2) < ceil(max_buffered_groups / batch_groups) (4)" in caplog.text
+    assert "max_off_policy_steps + 1 (3) < ceil(max_buffered_groups / batch_groups) (4)" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        OrchestratorConfig(batch_groups=4, max_buffered_groups=16, max_off_policy_steps=4)
-    assert caplog.text == ""
+        OrchestratorConfig(batch_groups=4, max_buffered_groups=16, max_off_policy_steps=3)
+        OrchestratorConfig(batch_groups=4, max_buffered_groups=4, max_off_policy_steps=0)  # sync: one batch
+    assert caplog.text == "", "K + 1 buffered batches never age past K"
 
 
 def test_negative_k_and_unknown_keys_rejected():

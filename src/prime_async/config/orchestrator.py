@@ -4,7 +4,7 @@ Invariants checked at validation time (each error names the TOML key and the fix
 - `max_buffered_groups >= batch_groups` (the buffer must hold at least one batch);
 - `update_weights_interval <= max_off_policy_steps + 1` (otherwise admission could wait for a version
   that is never loaded: a deadlock);
-- a warning (not an error) when `max_off_policy_steps < ceil(max_buffered_groups / batch_groups)`: the
+- a warning (not an error) when `max_off_policy_steps + 1 < ceil(max_buffered_groups / batch_groups)`: the
   buffer limit then produces groups older than K, which the sink drops every step;
 - the training environments are always the list `envs` after validation: `[env]` (one table) is
   rewritten to `envs = [env]` before validation, giving both is an error, neither gives the default
@@ -333,12 +333,14 @@ class OrchestratorConfig(BaseConfig):
                 "use weights.transport = 'filesystem' for a run with eval"
             )
         check_orchestrator(self)
-        needed = math.ceil(buffered / self.batch_groups)
-        if self.max_off_policy_steps < needed and not self.deterministic:
+        # The buffer holds ceil(B / batch_groups) batches; the newest of them is trained at most that
+        # many steps after the oldest was cut, so up to K + 1 batches never age past K (K = 0: one).
+        batches = math.ceil(buffered / self.batch_groups)
+        if self.max_off_policy_steps + 1 < batches and not self.deterministic:
             logger.warning(
-                "max_off_policy_steps (%d) < ceil(max_buffered_groups / batch_groups) (%d): the buffer limit "
-                "lets groups age past K, so the oldest groups of a batch may be dropped every step",
-                self.max_off_policy_steps,
-                needed,
+                "max_off_policy_steps + 1 (%d) < ceil(max_buffered_groups / batch_groups) (%d): the buffer "
+                "limit lets groups age past K, so the oldest groups of a batch may be dropped every step",
+                self.max_off_policy_steps + 1,
+                batches,
             )
         return self

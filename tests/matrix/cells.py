@@ -1,0 +1,326 @@
+"""The feature-interaction matrix: which combinations of options train, and which are refused at start.
+
+    DIMENSIONS ──► refused pairs: every pair of values (the rest at their defaults) validated by the real
+                   `RLConfig`; a pair it refuses is a refusal cell (exit 2, one line naming both keys)
+               ──► trained cells: an all-pairs covering set (allpairspy) of every other pair, each cell a
+                   whole `rl` run on the tiny model: its steps trained, the ledger balanced at every step,
+                   every staleness in [0, K], nothing left running afterwards
+
+Used by `test_matrix.py` (CI: every cell), `test_matrix_doc.py` (the docs table lists exactly these
+cells) and `scripts/feature_matrix.py` (runs the cells, writes `docs/feature-matrix.md`).
+
+Invariants: the cell set is a pure function of DIMENSIONS and the config schema (no randomness:
+allpairspy is deterministic); every pair of values of two dimensions is either in some trained cell or
+is a refused pair; a cell's whole `rl` config is `cell_config(cell, ...)`, nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The values of each option the matrix crosses; the first value of each is its default in a cell.
+DIMENSIONS: dict[str, list[Any]] = {
+    "env": ["single_turn", "multi_turn", "tools", "two_seats", "best_of_n"],
+    "kill": ["none", "inference", "trainer", "orchestrator"],
+    "k": [1, 0, 3, 8],
+    "pause_mode": ["retract", "in_place", "drain"],
+    "eval": ["off", "shared", "dedicated"],
+    "weights": ["filesystem", "distributed"],
+    "lora": ["off", "on"],
+    "envs": ["one", "mix"],
+    "deterministic": ["off", "on"],
+    "interval": [1, 2],
+    "granularity": ["sample", "group"],
+    "trainer_procs": [1, 2],
+}
+DEFAULTS = {name: values[0] for name, values in DIMENSIONS.items()}
+
+# verifiers environments of each kind (the project's own examples, and verifiers' best-of-n env)
+ENVS: dict[str, dict[str, Any]] = {
+    "single_turn": {"id": "reverse-text", "args": {"num_examples": 64}},
+    "multi_turn": {"id": "word-chain", "name": "word-chain-vs-script",
+                   "config": {"opponent": "script", "rounds": 2}},
+    "tools": {"id": "calculator-tools", "args": {"num_examples": 16}},
+    "two_seats": {"id": "word-chain", "config": {"rounds": 1}},
+    "best_of_n": {"id": "reverse-text", "name": "reverse-text-best-of-2", "args": {"num_examples": 64},
+                  "config": {"id": "best-of-n", "n": 2}},
+}  # fmt: skip
+MIX_PARTNER = {"id": "calculator", "name": "mix-calculator", "args": {"num_examples": 32}}
+EVAL_ENV = {"id": "reverse-text", "name": "heldout", "args": {"num_examples": 4, "seed": 123}}
+STEPS, KILL_STEPS, KILL_AT = 4, 6, 2  # a kill lands once KILL_AT orchestrator steps are logged
+
+
+Cell = dict[str, Any]
+
+
+def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "models/tiny",
+                ports: tuple[int, int, int] = (30000, 5557, 30100)) -> dict[str, Any]:  # fmt: skip
+    """The whole `rl` config of `cell` (a TOML document as a dict)."""
+    inference_port, transport_port, eval_port = ports
+    k = cell["k"]
+    envs = [ENVS[cell["env"]]] + ([MIX_PARTNER] if cell["envs"] == "mix" else [])
+    orchestrator: dict[str, Any] = {
+        "batch_groups": 2, "group_size": 2, "max_off_policy_steps": k,
+        "max_buffered_groups": 2 * min(k + 1, 2), "pause_mode": cell["pause_mode"],
+        "update_weights_interval": cell["interval"], "submission_granularity": cell["granularity"],
+        "sampling": {"max_tokens": 8}, "envs": envs,
+    }  # fmt: skip
+    cfg: dict[str, Any] = {
+        "max_steps": STEPS if cell["kill"] == "none" else KILL_STEPS,
+        "seq_len": 1024,  # the tools env's prompt with its tool schemas is ~500 tokens
+        "output_dir": out,
+        "model": {"path": model_dir, "build": "tiny"},
+        "wandb": {"enabled": False},
+        "transport": {"port": transport_port},
+        "inference": {"server": {"port": inference_port}, "engine": {"max_running_requests": 8}},
+        "orchestrator": orchestrator,
+        "trainer": {"optim": {"lr": 1e-4}, "num_processes": cell["trainer_procs"]},
+        "deterministic": cell["deterministic"] == "on",
+        "weights": {"transport": cell["weights"]},
+    }
+    if cell["lora"] == "on":
+        cfg["lora"] = {"rank": 4, "alpha": 8.0}
+    if cell["eval"] != "off":
+        orchestrator["eval"] = {"envs": [EVAL_ENV], "interval": 2, "placement": cell["eval"]}
+    if cell["eval"] == "dedicated":
+        cfg["eval_inference"] = {"server": {"port": eval_port}, "engine": {"max_running_requests": 8}}
+    if cell["kill"] != "none":
+        cfg["restart"] = {"max_restarts": 1, "backoff_s": 0.5}
+        cfg["trainer"]["ckpt"] = {"interval": 2}
+        orchestrator["ckpt"] = {"interval": 1}
+    return cfg
+
+
+@functools.cache
+def _refusal(items: tuple[tuple[str, Any], ...]) -> str | None:
+    import logging
+
+    from pydantic import ValidationError
+
+    from prime_async.config.rl import RLConfig
+
+    quiet = logging.getLogger("prime_async.config")
+    level, quiet.level = quiet.level, logging.ERROR  # validation warnings are the cells' runs' to print
+    try:
+        RLConfig.model_validate(cell_config(dict(items)))
+    except (ValueError, ValidationError) as e:
+        return " ".join(str(e).split())
+    finally:
+        quiet.setLevel(level)
+    return None
+
+
+def refusal(cell: Cell) -> str | None:
+    """Why config validation refuses `cell` (its error text), or None when it would train."""
+    return _refusal(tuple(sorted({**DEFAULTS, **cell}.items())))
+
+
+@dataclass(frozen=True)
+class RefusedPair:
+    """Two values that cannot train together (everything else at its default)."""
+
+    a: tuple[str, Any]
+    b: tuple[str, Any]
+    message: str
+
+    @property
+    def cell(self) -> Cell:
+        return {**DEFAULTS, self.a[0]: self.a[1], self.b[0]: self.b[1]}
+
+    @property
+    def label(self) -> str:
+        return f"{self.a[0]}={self.a[1]} x {self.b[0]}={self.b[1]}"
+
+
+def all_pairs() -> list[tuple[tuple[str, Any], tuple[str, Any]]]:
+    """Every pair of values of two different dimensions."""
+    out = []
+    for (d1, v1s), (d2, v2s) in itertools.combinations(DIMENSIONS.items(), 2):
+        out += [((d1, v1), (d2, v2)) for v1 in v1s for v2 in v2s]
+    return out
+
+
+@functools.cache
+def refused_pairs() -> tuple[RefusedPair, ...]:
+    """The pairs config validation refuses, in DIMENSIONS order."""
+    assert refusal(DEFAULTS) is None, f"the default cell is refused: {refusal(DEFAULTS)}"
+    out = []
+    for a, b in all_pairs():
+        message = refusal({a[0]: a[1], b[0]: b[1]})
+        if message is not None:
+            out.append(RefusedPair(a, b, message))
+    return tuple(out)
+
+
+@functools.cache
+def trained_cells() -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """An all-pairs covering set of the pairs that are not refused; every cell validates."""
+    from allpairspy import AllPairs
+
+    names = list(DIMENSIONS)
+
+    def allowed(row: list[Any]) -> bool:
+        return refusal(dict(zip(names, row, strict=False))) is None
+
+    rows = [dict(zip(names, row, strict=True)) for row in AllPairs([DIMENSIONS[n] for n in names],
+                                                                   filter_func=allowed)]  # fmt: skip
+    refused = {(p.a, p.b) for p in refused_pairs()}
+    for a, b in all_pairs():  # allpairspy's filtered search can leave allowed pairs uncovered
+        if (a, b) not in refused and not any(r[a[0]] == a[1] and r[b[0]] == b[1] for r in rows):
+            rows.append(_cover(a, b, rows, refused))
+    return tuple(tuple(row.items()) for row in rows)
+
+
+def _cover(a: tuple[str, Any], b: tuple[str, Any], rows: list[Cell], refused: set) -> Cell:
+    """A valid cell holding pair (a, b), its other values chosen greedily to cover pairs not yet covered."""
+    cell = {**DEFAULTS, a[0]: a[1], b[0]: b[1]}
+    for name, values in DIMENSIONS.items():
+        if name in (a[0], b[0]):
+            continue
+
+        def gain(value: Any, name: str = name) -> int:
+            trial = {**cell, name: value}
+            return sum(not any(r[name] == value and r[o] == trial[o] for r in rows)
+                       for o in DIMENSIONS if o != name)  # fmt: skip
+
+        for value in sorted(values, key=gain, reverse=True):
+            if refusal({**cell, name: value}) is None:
+                cell[name] = value
+                break
+    return cell
+
+
+def cell_id(cell: Cell) -> str:
+    """A short name of the cell's non-default values (pytest id, docs row)."""
+    parts = [f"{k}={v}" for k, v in cell.items() if v != DEFAULTS[k]]
+    return ",".join(parts) or "defaults"
+
+
+# ------------------------------------------------------------------------------------------- running
+
+
+@dataclass
+class CellRun:
+    """What one `rl` run of a cell did."""
+
+    cell: Cell
+    out: Path
+    returncode: int = 0
+    stderr: str = ""
+    wall_s: float = 0.0
+    killed_pid: int = 0
+    leftovers: list[str] = field(default_factory=list)
+
+
+def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> CellRun:
+    """Run `rl` on the cell's config (written to `work/cell.toml`), with its kill, and report."""
+    import tomli_w
+
+    from proc_helpers import free_pair, free_port
+
+    out = work / "run"
+    ports = (free_port(), free_pair(), free_port())
+    path = work / "cell.toml"
+    path.write_text(tomli_w.dumps(cell_config(cell, out=str(out), model_dir=str(model_dir), ports=ports)))
+    run = CellRun(cell=cell, out=out)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_at, args=(run, stop), daemon=True)
+    killer.start()
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+    finally:
+        stop.set()
+        killer.join(10)
+    run.wall_s = time.monotonic() - start
+    run.returncode, run.stderr = proc.returncode, proc.stderr
+    run.leftovers = processes_of(out)
+    return run
+
+
+def _kill_at(run: CellRun, stop: threading.Event) -> None:
+    """SIGKILL the cell's component once KILL_AT orchestrator steps are logged (restarts are on)."""
+    from proc_helpers import read_jsonl
+
+    component = run.cell["kill"]
+    if component == "none":
+        return
+    metrics = run.out / "metrics" / "orchestrator.jsonl"
+    while not stop.is_set():
+        pids = processes_of(run.out, component)
+        if len(read_jsonl(metrics)) >= KILL_AT and pids:
+            run.killed_pid = int(pids[0].split()[0])
+            os.kill(run.killed_pid, signal.SIGKILL)
+            return
+        stop.wait(0.05)
+
+
+def processes_of(out: Path, component: str | None = None) -> list[str]:
+    """'pid cmdline' of every live process started for the run in `out` (of `component`, when given,
+    matched by its config file `out/configs/<component>.toml`)."""
+    needle = str(out / "configs" / (f"{component}.toml" if component else ""))
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # tolerated: the process exited while we looked
+            continue
+        if any(part.startswith(needle) for part in cmd):
+            found.append(f"{entry.name} {' '.join(cmd)[:200]}")
+    return found
+
+
+def check_trained(run: CellRun) -> dict[str, float]:
+    """Assert that the run trained its steps correctly; returns figures for the docs table."""
+    from proc_helpers import read_jsonl
+
+    logs = "\n".join(
+        f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted((run.out / "logs").glob("*.log"))
+    )
+    assert run.returncode == 0, f"rl exited {run.returncode}:\n{run.stderr[-3000:]}\n{logs}"
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    steps = STEPS if run.cell["kill"] == "none" else KILL_STEPS
+    k = run.cell["k"]
+    orch = read_jsonl(run.out / "metrics" / "orchestrator.jsonl")
+    trainer = read_jsonl(run.out / "metrics" / "trainer.jsonl")
+    assert sorted({m["step"] for m in orch}) == list(range(steps)), [m["step"] for m in orch]
+    assert sorted({m["step"] for m in trainer}) == list(range(steps)), [m["step"] for m in trainer]
+    buckets = ("inflight", "buffered", "trained", "dropped_stale", "filtered", "errored", "cancelled")
+    for m in orch:
+        assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in buckets), m
+        assert 0 <= m["rollout/data_staleness/min"] <= m["rollout/data_staleness/max"] <= k, m
+    if run.cell["kill"] != "none":
+        assert run.killed_pid, "the kill never landed"
+        assert f"{run.cell['kill']} exited with status -9: restart 1/1" in run.stderr, run.stderr[-3000:]
+    return {
+        "wall_s": run.wall_s,
+        "staleness_max": max(m["rollout/data_staleness/max"] for m in orch),
+        "trained": orch[-1]["ledger/trained"],
+        "errored": orch[-1]["ledger/errored"],
+    }
+
+
+def run_refused(cell: Cell, work: Path, *, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """The `rl` command on a refused cell: it must exit 2 with one line before starting anything."""
+    import tomli_w
+
+    path = work / "cell.toml"
+    path.write_text(tomli_w.dumps(cell_config(cell, out=str(work / "run"))))
+    return subprocess.run([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
