@@ -50,6 +50,14 @@ class LogConfig(BaseConfig):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Console log level (case-insensitive: `debug` = `DEBUG`)."
     )
+    stall_after_s: float = Field(
+        300.0,
+        gt=0,
+        description="A wait between components (a batch, a weight load, a pause or flush, the eval pin, the "
+        "weight group, the final drain) that lasts longer than this is reported: one ERROR line naming "
+        "who waits on whom, and output_dir/stall.json. The run goes on (a peer may come back); the "
+        "waits' own timeouts and the restart policy decide failure.",
+    )
 
     @field_validator("level", mode="before")
     @classmethod

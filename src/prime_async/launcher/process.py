@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prime_async.utils.process_tree import descendants, kill_tree
+from prime_async.utils.process_tree import descendants, group_members, kill_tree
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +81,10 @@ class Component:
     def stop(self, *, timeout_s: float) -> None:
         if self.process is None:
             return
-        # Snapshot first: once the child exits, its children are re-parented and no longer under it.
-        tree = tuple(descendants(self.process.pid))
-        if self.process.poll() is None:
-            self._signal_group(signal.SIGTERM)
+        # Snapshot first: once the child exits, its children are re-parented and no longer under it; they
+        # stay in its process group though, also when the leader was killed before we got here.
+        tree = (*descendants(self.process.pid), *group_members(self.process.pid))
+        self._signal_group(signal.SIGTERM)  # the leader may be dead and its group alive
         # Descendants outside the group (new sessions, e.g. SGLang's) are ended too.
         kill_tree(self.process.pid, timeout_s=timeout_s, also=tree)
         try:

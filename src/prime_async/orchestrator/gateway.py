@@ -32,6 +32,7 @@ import itertools
 import logging
 import math
 import socket
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -153,6 +154,7 @@ class Gateway:
         self.num_model_list_requests = 0  # GET /v1/models (renderers' prompt-limit lookup)
         # Called with transport-level engine failures (engine process gone); set by the orchestrator.
         self.on_engine_error: Callable[[BaseException], None] | None = None
+        self.last_answer: dict[str, float] = {}  # engine URL -> time.monotonic() of its last answer
         # Closed by the weight watcher between an in_place update and the cache flush (request_gate.py).
         self.gate = RequestGate()
 
@@ -246,6 +248,7 @@ class Gateway:
             raise GatewayError(502, f"engine {engine.base_url} failed: {type(e).__name__}: {e}") from e
         finally:
             session.inflight.discard(rid)
+        self.last_answer[engine.base_url] = time.monotonic()
         bad = [lp for lp in result.output_logprobs if not math.isfinite(lp)]
         if len(result.output_logprobs) != len(result.output_ids) or bad:
             session.num_errors += 1
@@ -266,6 +269,13 @@ class Gateway:
             )
         )
         return result
+
+    def pending_by_engine(self) -> dict[str, int]:
+        """Engine requests of this gateway's episodes that have not answered yet, per engine URL."""
+        out = {e.base_url: 0 for e in self.engines}
+        for session in self.sessions.values():
+            out[self.engines[session.engine_index].base_url] += len(session.inflight)
+        return out
 
     # --- HTTP server ------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -58,6 +59,7 @@ from prime_async.orchestrator.train_sink import Sink, build_train_sink
 from prime_async.orchestrator.types import Group, RolloutSource
 from prime_async.orchestrator.weight_watcher import BroadcastDir, Broadcasts, WeightLoader, WeightWatcher
 from prime_async.transport.types import TrainBatch
+from prime_async.utils.stall import StallWatch, waiting
 
 if TYPE_CHECKING:
     from prime_async.transport.zmq_batches import BatchSender
@@ -99,6 +101,7 @@ def build_components(
     clock: Callable[[], float] = time.monotonic,
     loader: WeightLoader | None = None,
     request_gate: RequestGate | None = None,
+    stalls: StallWatch | None = None,
 ) -> Components:
     """Build every component from `cfg`; restore the data positions and the mix when `cfg.resume`.
 
@@ -155,6 +158,7 @@ def build_components(
         schedule=schedule,
         loader=loader,
         request_gate=request_gate,
+        stalls=stalls,
     )
     return Components(envs, groups, admission, dispatcher, sink, watcher, start_step)
 
@@ -213,9 +217,10 @@ async def run_loop(
     on_step: Callable[[int, list[Group]], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     evaluator: InRunEval | None = None,
+    stalls: StallWatch | None = None,
 ) -> None:
     """Produce batches `start_step .. max_steps-1`, then (with `evaluator`) wait for the final eval;
-    background tasks are supervised and stopped at exit."""
+    background tasks are supervised and stopped at exit; every wait is named to `stalls`."""
     background = [
         asyncio.create_task(comps.dispatcher.run(), name="dispatcher"),
         asyncio.create_task(comps.watcher.run(), name="weight-watcher"),
@@ -225,7 +230,8 @@ async def run_loop(
     try:
         last = clock()
         for step in range(comps.start_step, cfg.max_steps):
-            groups = await _supervised(comps.sink.get_batch(step), background)
+            with waiting(stalls, f"the groups of batch {step}", peer=lambda: _batch_peer(cfg, comps)):
+                groups = await _supervised(comps.sink.get_batch(step), background)
             wait_data = clock() - last
             batch = build_train_batch(
                 groups,
@@ -238,7 +244,8 @@ async def run_loop(
             )
             if on_step is not None:
                 on_step(step, groups)
-            await _supervised(send_batch(batch), background)
+            with waiting(stalls, f"batch {step} to be fetched", peer="the trainer"):
+                await _supervised(send_batch(batch), background)
             comps.groups.check()
             if cfg.ckpt.interval is not None and (step + 1) % cfg.ckpt.interval == 0:
                 save_checkpoint(cfg.output_dir, step, checkpoint_state(comps))
@@ -249,9 +256,52 @@ async def run_loop(
             log_metrics(metrics, step)
         if evaluator is not None:
             comps.admission.hold()  # nothing more will be trained: leave the engines to the final eval
-            await _supervised(evaluator.finish(cfg.eval.final_timeout_s), background)
+            with waiting(stalls, "the final version's eval", peer="the eval engines"):
+                await _supervised(evaluator.finish(cfg.eval.final_timeout_s), background)
     finally:
         await _shutdown(comps, background)
+
+
+def _batch_peer(cfg: OrchestratorConfig, comps: Components) -> str:
+    """Who the batch wait waits on now: admission's blocking reason names it."""
+    reason = comps.admission.blocked_reason()
+    served, step = comps.admission.served_version, comps.groups.next_batch_step
+    if reason == "off_policy":
+        needed, latest = step - cfg.max_off_policy_steps, comps.watcher.latest() or 0
+        if latest >= needed:  # published, not loaded yet: the update waits on the engines
+            return (
+                f"the inference engines: weights v{latest} are published, the engines still serve v{served}"
+            )
+        return f"the trainer: batch {step} needs weights v{needed} or newer, the engines serve v{served}"
+    if reason == "hold":
+        return f"a weight update or an engine outage (admission held; engines serve v{served})"
+    return f"the inference engines ({comps.groups.num_inflight_groups} groups in flight)"
+
+
+def stall_state(comps: Components, sources: Mapping[str, Any], control: Any) -> dict[str, Any]:
+    """The orchestrator's part of a stall report (`utils/stall.py`): where the run is and what each
+    peer last did."""
+    now = time.monotonic()
+    pending: dict[str, int] = {}
+    heard: dict[str, float | None] = {}
+    for source in sources.values():
+        gateway = getattr(source, "gateway", None)
+        if gateway is None:
+            continue
+        for url, n in gateway.pending_by_engine().items():
+            pending[url] = pending.get(url, 0) + n
+        for url, t in gateway.last_answer.items():
+            heard[f"engine {url}"] = round(now - t, 3)
+    heard["trainer"] = None if control.last_heard is None else round(now - control.last_heard, 3)
+    return {
+        "next_batch_step": comps.groups.next_batch_step,
+        "served_version": comps.admission.served_version,
+        "admission_blocked_by": comps.admission.blocked_reason(),
+        "inflight_groups": comps.groups.num_inflight_groups,
+        "buffered_groups": comps.groups.num_buffered_groups,
+        "pending_requests_per_engine": pending,
+        "last_heard_s_ago": heard,
+    }
 
 
 def _step_metrics(
@@ -318,13 +368,17 @@ async def _run(cfg: OrchestratorConfig) -> None:
         # blocks until every trainer rank said READY; the socket lives in the sender's own thread
         await asyncio.to_thread(sender.send, batch)
 
+    stalls = StallWatch(
+        component="orchestrator", output_dir=cfg.output_dir, stall_after_s=cfg.log.stall_after_s
+    ).start()
     try:
         async with contextlib.AsyncExitStack() as stack:
             # envs load (verifiers import, tasks, gateways) while the engines start: nothing here talks
             # to an engine before it is healthy and proven to belong to this run
             for source in sources.values():
                 await stack.enter_async_context(source)
-            await wait_for_engines(engines, timeout_s=cfg.inference.timeout_s)
+            with stalls.waiting("the engines to answer /health", peer="the inference engines"):
+                await wait_for_engines(engines, timeout_s=cfg.inference.timeout_s)
             await check_engines_belong_to_run(engines, cfg.run_id, model_path=str(cfg.model.path))
             versions = await asyncio.gather(*(e.weight_version() for e in engines))
             served = min(versions)
@@ -336,7 +390,9 @@ async def _run(cfg: OrchestratorConfig) -> None:
                 served_version=served,
                 loader=loader,
                 request_gate=wiring.shared_request_gate(list(sources.values())),
+                stalls=stalls,
             )
+            stalls.describe = functools.partial(stall_state, comps, sources, control)
             wake.append(comps.watcher.wake)
             failed.append(comps.watcher.fail)
             check_served_not_ahead(max(versions), comps.start_step)
@@ -345,9 +401,12 @@ async def _run(cfg: OrchestratorConfig) -> None:
             evaluator = await wiring.start_in_run_eval(
                 cfg, comps.watcher, engines=engines, monitor=monitor, stack=stack
             )
-            await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics, evaluator=evaluator)
-        await _drain_last_batch(sender, cfg)
+            await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics, evaluator=evaluator,
+                           stalls=stalls)  # fmt: skip
+        with stalls.waiting("the final batch to be fetched", peer="the trainer"):
+            await _drain_last_batch(sender, cfg)
     finally:
+        stalls.stop()
         await control.close()
         sender.close()
         monitor.close()

@@ -53,6 +53,7 @@ from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.request_gate import RequestGate
 from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.types import PauseMode
+from prime_async.utils.stall import StallWatch, waiting
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +124,10 @@ class WeightWatcher:
         request_gate: RequestGate | None = None,
         schedule: DeterministicSchedule | None = None,
         loader: WeightLoader | None = None,
+        stalls: StallWatch | None = None,
     ):
         self.engines = list(engines)
+        self.stalls = stalls  # names the update's waits (utils/stall.py)
         self.schedule = schedule
         self.loader = loader  # None: the broadcast directory and /update_weights_from_disk
         self.request_gate = request_gate  # every gateway's one gate (wiring.shared_request_gate); step 5
@@ -224,10 +227,20 @@ class WeightWatcher:
         """`update(version)` once the eval pin is free, unless the engines already serve it (or newer);
         `force`: load it even when it is the served version (engines that restarted)."""
         if self.schedule is not None:
-            await self.schedule.wait_loadable(version)
-        async with self.pin:
+            with waiting(
+                self.stalls, f"the groups scheduled before v{version}", peer="the inference engines"
+            ):
+                await self.schedule.wait_loadable(version)
+        with waiting(self.stalls, f"the pin to load v{version}", peer="the running in-run eval"):
+            await self.pin.acquire()
+        try:
             if version > self.served_version or (force and version == self.served_version):
-                await self.update(version, force=force)
+                with waiting(self.stalls, f"weights v{version} to load ({self.pause_mode})",
+                             peer=lambda: f"the inference engines ({self.groups.num_inflight_groups} groups "
+                                          "in flight)"):  # fmt: skip
+                    await self.update(version, force=force)
+        finally:
+            self.pin.release()
 
     async def update(self, version: int, *, force: bool = False) -> None:
         """Load `version` into every engine (steps 1-5 of the module docstring)."""

@@ -33,6 +33,7 @@ from prime_async.trainer.step_metrics import build_monitor, log_step, timing_met
 from prime_async.trainer.weight_sync import WeightSync
 from prime_async.trainer.weights import WeightPublisher
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
+from prime_async.utils.stall import StallWatch
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,11 @@ class Trainer:
         self.weight_sync = self._build_weight_sync() if self.publisher is not None else None
         self.monitor = build_monitor(cfg) if self.rank == 0 else None
         self.receiver = BatchReceiver(cfg=cfg.transport, rank=self.rank, world_size=self.world_size)
+        self.stalls = StallWatch(
+            component="trainer" if self.rank == 0 else f"trainer-rank{self.rank}",
+            output_dir=Path(cfg.output_dir), stall_after_s=cfg.log.stall_after_s,
+            describe=lambda: {"step": self.step, "rank": self.rank, "world_size": self.world_size},
+        ).start()  # fmt: skip
 
     def _maybe_resume(self) -> int:
         if not self.cfg.resume:
@@ -148,17 +154,20 @@ class Trainer:
     def run_step(self) -> dict[str, float]:
         n = self.step
         t0 = time.perf_counter()
-        batch = self.receiver.receive(n)
+        with self.stalls.waiting(f"batch {n}", peer="the orchestrator"):
+            batch = self.receiver.receive(n)
         t1 = time.perf_counter()
         check_staleness(batch, self.cfg.max_off_policy_steps)
         metrics = self.backend.train_rank_batch(batch)
         t2 = time.perf_counter()
-        self.publish(n + 1)
+        with self.stalls.waiting(f"weights v{n + 1} to publish", peer=f"the weight writer (v{n} first)"):
+            self.publish(n + 1)
         t3 = time.perf_counter()
         self.step = n + 1
         if self.cfg.ckpt.interval is not None and self.step % self.cfg.ckpt.interval == 0:
             if self.weight_sync is not None:  # a restart from this checkpoint loads its version
-                self.weight_sync.flush()
+                with self.stalls.waiting(f"weights v{self.step} to be written", peer="the weight writer"):
+                    self.weight_sync.flush()
             self.backend.save_checkpoint(
                 output_dir=self.cfg.output_dir, step=self.step, keep=self.cfg.ckpt.keep
             )
@@ -176,9 +185,11 @@ class Trainer:
                 if self.monitor is not None:
                     self.monitor.log(metrics, step=n)
                     log_step(logger, n, metrics)
-            if self.weight_sync is not None:
-                self.weight_sync.flush()  # the last version is written and announced before exit
+            if self.weight_sync is not None:  # the last version is written and announced before exit
+                with self.stalls.waiting(f"weights v{self.step} to be written", peer="the weight writer"):
+                    self.weight_sync.flush()
         finally:
+            self.stalls.stop()
             self.receiver.close()
             if self.weight_sync is not None:
                 self.weight_sync.close()

@@ -126,6 +126,7 @@ class ControlServer:
             self._sock.setsockopt(zmq.IPV6, 1)
         self._sock.bind(self.address)
         self._trainer: bytes | None = None
+        self.last_heard: float | None = None  # time.monotonic() of the trainer's last message (Hello: 2 s)
         self.trainer_device = "cpu"
         self._trainer_known = asyncio.Event()
         self._ids = itertools.count(1)
@@ -158,6 +159,7 @@ class ControlServer:
             if self._trainer != identity:
                 logger.info("control channel: trainer %s connected", identity.decode(errors="replace"))
             self._trainer = identity
+            self.last_heard = time.monotonic()
             self._trainer_known.set()
             if isinstance(msg, Published):
                 self.on_published(msg)

@@ -69,6 +69,24 @@ def _parent_map() -> dict[int, list[int]]:
     return children
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid`. They outlive its leader: when a component's leader is
+    killed (e.g. torchrun's agent, by SIGKILL), its workers are re-parented, out of the leader's tree,
+    but stay in its group."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # tolerated: the process exited while we looked
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
+
+
 def descendants(root: int, *, also: tuple[int, ...] = ()) -> list[int]:
     """Live (non-zombie) descendants of `root`, parents before children; with `also`, those pids (when
     alive) and their descendants too (a snapshot taken earlier: re-parented orphans are not under `root`)."""
