@@ -139,6 +139,21 @@ def test_m2po_keeps_smallest_second_moment_tokens() -> None:
     assert out.masked.tolist() == [False, False, False, False, True, True, False]
 
 
+def test_m2po_keeps_the_same_tokens_however_rows_are_packed() -> None:
+    """Regression: m2po bounded the second moment per micro-batch, so sample B's tokens (log rho 0.3,
+    mean square 0.09 > 0.04) were dropped alone but kept when packed beside on-policy sample A (the
+    packed mean 0.03 <= 0.04): a token's fate depended on its neighbours. Now the bound is per sample."""
+    a, b = torch.zeros(4), torch.full((2,), 0.3)
+    mask = torch.ones(6, dtype=torch.bool)
+    packed = m2po_keep_mask(torch.cat([a, b]), mask, 0.04, torch.tensor([0, 0, 0, 0, 1, 1]))
+    alone = torch.cat([m2po_keep_mask(a, mask[:4], 0.04), m2po_keep_mask(b, mask[4:], 0.04)])
+    assert packed.tolist() == alone.tolist() == [True] * 4 + [False] * 2
+    fn = build_loss_fn(M2POLossConfig(m2_threshold=0.04))
+    out = fn(logp=torch.cat([a, b]), sampler_logp=torch.zeros(6), advantages=torch.ones(6), loss_mask=mask,
+             num_loss_tokens=6, sample_ids=torch.tensor([0, 0, 0, 0, 1, 1]))  # fmt: skip
+    assert out.masked.tolist() == [False] * 4 + [True] * 2
+
+
 @pytest.mark.parametrize("cfg", ALL, ids=lambda c: c.type)
 def test_normalized_by_batch_loss_tokens(cfg) -> None:
     """Two micro-batches with the batch normalizer sum to the loss of the concatenated batch (a sample
@@ -163,8 +178,7 @@ def test_normalized_by_batch_loss_tokens(cfg) -> None:
 
     whole = loss(slice(None), n)
     parts = loss(slice(0, 10), n) + loss(slice(10, 24), n)
-    if cfg.type != "m2po":  # m2po's trust region is per micro-batch by design
-        torch.testing.assert_close(parts, whole)
+    torch.testing.assert_close(parts, whole)  # m2po too: its bound is per sample, not per micro-batch
     torch.testing.assert_close(loss(slice(None), 2 * n) * 2, whole)
 
 
@@ -430,10 +444,10 @@ def test_mis_reference_gradient_on_a_packed_row() -> None:
     torch.testing.assert_close(out.loss, expected_grad.sum())  # the value is sum -w A / N, like the gradient
 
 
-@pytest.mark.parametrize("cfg", [c for c in ALL if c.type != "m2po"], ids=lambda c: c.type)
+@pytest.mark.parametrize("cfg", ALL, ids=lambda c: c.type)
 def test_packed_row_equals_its_samples_one_by_one(cfg) -> None:
     """No loss mixes samples of one row: the packed row's loss and gradient are the sums over its samples
-    computed alone (m2po is excluded: its trust region is per micro-batch by design)."""
+    computed alone (m2po included: its keep mask used to depend on the row's other samples)."""
     lens = (6, 4, 7, 5)
     logits, actions, mask, adv = _inputs(11, lens)
     sampler = _logp(logits, actions).detach() + 0.2 * torch.randn(

@@ -21,8 +21,9 @@ With rho_t = exp(logp - sampler_logp), every built-in loss has gradient -A_t * g
   gradient; the rest contribute -rho_t * A_t.
 - `ppo_clip`: -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t); "masked" = clip active.
 - `m2po`: drop the tokens with the largest (log rho_t)^2 until the mean of (log rho_t)^2 over the kept
-  loss tokens of the micro-batch is <= m2_threshold (Zheng et al. 2025 bound the batch second moment;
-  here it is per micro-batch, which is stricter or equal per row); kept tokens contribute -rho_t * A_t.
+  loss tokens of each sample is <= m2_threshold (Zheng et al. 2025 bound the batch's second moment; a
+  per-micro-batch bound made a token's fate depend on which samples were packed beside it, so the bound
+  is per sample: the same tokens are kept however rows are packed); kept tokens contribute -rho_t * A_t.
 - `tis` (truncated IS, Yao et al. 2025): -sg(min(rho_t, cap)) A_t logp_t; nothing is masked.
 - `cispo` (MiniMax-M1 2025): -sg(clip(rho_t, 1-eps_low, 1+eps_high)) A_t logp_t; nothing is masked.
 - `gspo` (Zheng et al. 2025): ppo_clip's objective with the sequence ratio s_i = exp(mean_t log rho_t)
@@ -142,24 +143,36 @@ def ppo_clip_loss(
     return clipped_surrogate(logp - sampler_logp, advantages, loss_mask, num_loss_tokens, clip_low, clip_high)
 
 
-def m2po_keep_mask(log_ratio: torch.Tensor, loss_mask: torch.Tensor, m2_threshold: float) -> torch.Tensor:
-    """Keep the loss tokens with the smallest (log rho)^2 such that their mean is <= m2_threshold."""
+def m2po_keep_mask(
+    log_ratio: torch.Tensor,
+    loss_mask: torch.Tensor,
+    m2_threshold: float,
+    sample_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Keep each sample's loss tokens with the smallest (log rho)^2 such that their mean is <=
+    m2_threshold (no `sample_ids`: the row is one sample)."""
     sq = log_ratio.detach().pow(2)
-    idx = torch.nonzero(loss_mask, as_tuple=True)[0]
     keep = torch.zeros_like(loss_mask)
-    if idx.numel() == 0:
-        return keep
-    sorted_sq, order = torch.sort(sq[idx])
-    counts = torch.arange(1, idx.numel() + 1, dtype=sq.dtype, device=sq.device)
-    prefix_mean = torch.cumsum(sorted_sq, 0) / counts
-    num_keep = int((prefix_mean <= m2_threshold).sum())  # prefix means of sorted values are non-decreasing
-    keep[idx[order[:num_keep]]] = True
+    samples = (
+        [loss_mask] if sample_ids is None else [loss_mask & (sample_ids == i) for i in sample_ids.unique()]
+    )
+    for tokens in samples:
+        idx = torch.nonzero(tokens, as_tuple=True)[0]
+        if idx.numel() == 0:
+            continue
+        sorted_sq, order = torch.sort(sq[idx])
+        counts = torch.arange(1, idx.numel() + 1, dtype=sq.dtype, device=sq.device)
+        prefix_mean = torch.cumsum(sorted_sq, 0) / counts
+        num_keep = int((prefix_mean <= m2_threshold).sum())  # prefix means of sorted values never fall
+        keep[idx[order[:num_keep]]] = True
     return keep
 
 
-def m2po_loss(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, m2_threshold) -> LossOutput:
+def m2po_loss(
+    *, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, m2_threshold, sample_ids=None
+) -> LossOutput:
     log_ratio = logp - sampler_logp
-    keep = m2po_keep_mask(log_ratio, loss_mask, m2_threshold)
+    keep = m2po_keep_mask(log_ratio, loss_mask, m2_threshold, sample_ids)
     loss = -(_live_ratio(log_ratio, keep) * advantages)[keep].sum() / num_loss_tokens
     return LossOutput(loss=loss, masked=loss_mask & ~keep)
 
@@ -264,7 +277,8 @@ def build_loss_fn(cfg) -> LossFn:
     """Bind the configured variant's hyper-parameters: returns a `LossFn`."""
     fn, kwargs = _bind(cfg)
     needs_samples = isinstance(cfg, SEQUENCE_LEVEL)
-    passes_samples = needs_samples or (isinstance(cfg, CustomLossConfig) and _accepts_sample_ids(fn))
+    passes_samples = needs_samples or isinstance(cfg, M2POLossConfig)
+    passes_samples |= isinstance(cfg, CustomLossConfig) and _accepts_sample_ids(fn)
 
     def loss_fn(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, sample_ids=None) -> LossOutput:
         if num_loss_tokens < 1:
