@@ -40,7 +40,7 @@ from prime_async.launcher.identity import check_engine_identity, check_ports_fre
 from prime_async.launcher.process import Component, tail_lines
 from prime_async.launcher.progress import ProgressView
 from prime_async.launcher.restart import RestartBudget, restart_overrides, roll_back, write_restart_config
-from prime_async.utils.process_tree import become_subreaper, descendants, kill_tree
+from prime_async.utils.process_tree import become_subreaper, children, descendants, kill_tree
 
 logger = logging.getLogger(__name__)
 
@@ -251,9 +251,23 @@ def _try_restart(
         name, failed.returncode(), attempt, budget.max_restarts, " | ".join(tail_lines(failed.log_path, 3)),
     )  # fmt: skip
     failed.stop(timeout_s=SHUTDOWN_TIMEOUT_S)  # reaps the dead process group (e.g. torchrun workers)
+    _end_orphans(components)
     if name == "inference":
         return _restart_inference(cfg, failed, output_dir, attempt, stop_signal)
     return _roll_back_and_restart(cfg, components, output_dir, attempt)
+
+
+def _end_orphans(components: dict[str, Component]) -> None:
+    """End every child of `rl` that is not a running component: processes of a dead component that left
+    its tree and group (torchrun's workers run in sessions of their own) and were re-parented to us, the
+    subreaper. Before a restart, so no process of the old lifetime works beside the new one."""
+    running = {
+        c.process.pid for c in components.values() if c.process is not None and c.process.poll() is None
+    }
+    for pid in children(os.getpid()):
+        if pid not in running:
+            logger.warning("ending process %d, left behind by a dead component", pid)
+            kill_tree(pid, timeout_s=SHUTDOWN_TIMEOUT_S, include_root=True)
 
 
 def _restart_inference(

@@ -69,6 +69,11 @@ def _parent_map() -> dict[int, list[int]]:
     return children
 
 
+def children(pid: int) -> list[int]:
+    """Live (non-zombie) direct children of `pid`."""
+    return _parent_map().get(pid, [])
+
+
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group `pgid`. They outlive its leader: when a component's leader is
     killed (e.g. torchrun's agent, by SIGKILL), its workers are re-parented, out of the leader's tree,
