@@ -48,8 +48,8 @@ def render(results: Path, total_s: float | None) -> str:
         "same tests); do not edit by hand. Every pair of the option values below is either trained in",
         "some cell or refused at start. A trained cell is a whole `rl` run on the tiny model",
         "(`tests/matrix/cells.py: cell_config`): 4 steps (6 with a kill, which lands",
-        "once 2 steps are logged, with `restart.max_restarts = 1`); it passes when every step is trained, the",
-        "ledger balances at every step, every staleness is in [0, K], a kill was survived, and no process is",
+        "once 2 steps are logged, with `restart.max_restarts = 1`); it passes when every step is trained,",
+        "the ledger balances at every step, every staleness is in [0, K], a kill was survived, and no process is",
         "left. A refused pair is checked through the `rl` command: exit 2, one line naming both keys.",
         "",
         "Options: "
@@ -69,8 +69,8 @@ def render(results: Path, total_s: float | None) -> str:
         stale = f"{out['staleness_max']:.0f}" if "staleness_max" in out else "-"
         values = [SHORT.get(str(v), str(v)) for _, v in cell]
         lines.append(f"| {' | '.join(values)} | {outcome} | {wall} | {stale} |")
-    lines += ["", f"## Refused pairs ({len(refused_pairs())})", "", "| pair | refusal (the rl command's line) |",
-              "|---|---|"]  # fmt: skip
+    lines += ["", f"## Refused pairs ({len(refused_pairs())})", ""]
+    lines += ["| pair | refusal (the rl command's line) |", "|---|---|"]
     for pair in refused_pairs():
         out = outcomes.get(pair.label, {})
         message = out.get("message", pair.message).replace("|", "\\|")
