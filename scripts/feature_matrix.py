@@ -50,7 +50,8 @@ def render(results: Path, total_s: float | None) -> str:
         "(`tests/matrix/cells.py: cell_config`): 4 steps (6 with a kill, which lands",
         "once 2 steps are logged, with `restart.max_restarts = 1`); it passes when every step is trained,",
         "the ledger balances at every step, every staleness is in [0, K], a kill was survived, and no",
-        "process is left. A refused pair is checked through the `rl` command: exit 2, one line naming both keys.",
+        "process is left. A refused pair is checked through the `rl` command: exit 2, one line naming",
+        "both keys.",
         "",
         "Options: "
         + "; ".join(f"`{n}` {' / '.join(str(v) for v in vals)}" for n, vals in DIMENSIONS.items()),
