@@ -4,18 +4,22 @@ steps with the ledger balanced and every staleness in [0, K], a kill survived wh
 and nothing left running; every refused pair must be refused by the `rl` command itself before anything
 starts: exit 2, one line that names both keys.
 
-With MATRIX_RESULTS set (scripts/feature_matrix.py), each cell's outcome is written there as JSON for the
-docs table."""
+Cells run MATRIX_WORKERS (default 2) at a time: a cell's cost is mostly process start-up, which leaves the
+cores idle part of the time. With MATRIX_RESULTS set (scripts/feature_matrix.py), each cell's outcome is
+written there as JSON for the docs table."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from cells import (
     DIMENSIONS,
+    CellRun,
     cell_id,
     check_trained,
     refused_pairs,
@@ -35,10 +39,27 @@ def _record(name: str, outcome: dict) -> None:
         (Path(results) / f"{name}.json").write_text(json.dumps(outcome))
 
 
-@pytest.mark.timeout(600)
+@pytest.fixture(scope="session")
+def cell_runs(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[CellRun]]]:
+    """The selected cells' runs, started in test order on MATRIX_WORKERS threads (one `rl` each)."""
+    selected = [item.callspec.params["cell"] for item in request.session.items
+                if item.originalname == "test_cell_trains"]  # fmt: skip
+    workers = int(os.environ.get("MATRIX_WORKERS", "2"))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="matrix-cell") as pool:
+        yield {
+            cell_id(cell): pool.submit(
+                run_cell, cell, tmp_path_factory.mktemp("cell"), model_dir=tiny_model_dir, timeout_s=540
+            )
+            for cell in selected
+        }
+
+
+@pytest.mark.timeout(1200)  # its own run (<= 540 s) after at most MATRIX_WORKERS - 1 others
 @pytest.mark.parametrize("cell", TRAINED, ids=[cell_id(c) for c in TRAINED])
-def test_cell_trains(cell: dict, tiny_model_dir: Path, tmp_path: Path) -> None:
-    run = run_cell(cell, tmp_path, model_dir=tiny_model_dir, timeout_s=540)
+def test_cell_trains(cell: dict, cell_runs: dict[str, Future[CellRun]]) -> None:
+    run = cell_runs[cell_id(cell)].result()
     figures = check_trained(run)
     _record(cell_id(cell), {"cell": cell, "outcome": "trained", **figures})
 

@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -52,8 +53,8 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
     _prctl(_PR_SET_PDEATHSIG, int(signum))
 
 
-def _parent_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
+def _proc_stats() -> Iterator[tuple[int, str, int, int]]:
+    """(pid, state, ppid, pgrp) of every process in /proc."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -63,9 +64,14 @@ def _parent_map() -> dict[int, list[int]]:
             continue
         # the command name (field 2) is in parentheses and may hold spaces: parse after the last ')'
         fields = stat[stat.rfind(")") + 2 :].split()
-        state, ppid = fields[0], int(fields[1])
+        yield int(entry.name), fields[0], int(fields[1]), int(fields[2])
+
+
+def _parent_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for pid, state, ppid, _ in _proc_stats():
         if state != "Z":
-            children.setdefault(ppid, []).append(int(entry.name))
+            children.setdefault(ppid, []).append(pid)
     return children
 
 
@@ -78,18 +84,7 @@ def group_members(pgid: int) -> list[int]:
     """Live processes of process group `pgid`. They outlive its leader: when a component's leader is
     killed (e.g. torchrun's agent, by SIGKILL), its workers are re-parented, out of the leader's tree,
     but stay in its group."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # tolerated: the process exited while we looked
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(entry.name))
-    return out
+    return [pid for pid, state, _, pgrp in _proc_stats() if state != "Z" and pgrp == pgid]
 
 
 def descendants(root: int, *, also: tuple[int, ...] = ()) -> list[int]:
