@@ -216,3 +216,26 @@ def test_background_failure_ends_the_main_loop():
 
     with pytest.raises(RuntimeError, match="engine 500"):
         run_virtual(go())
+
+
+def test_checkpoint_is_written_before_its_batch_can_reach_the_trainer(tmp_path: Path, monkeypatch) -> None:
+    """Regression (a doubt of the features-that-meet issue, settled): the orchestrator checkpointed after
+    `send_batch`. Dying between the two left the trainer's checkpoint of step n + 1 without the
+    orchestrator's of step n; the rollback then resumed the orchestrator a whole interval behind engines
+    serving n + 1 (`n - d < 0`, refused at start), and every restart died the same way."""
+    from prime_async.orchestrator.ckpt import latest_checkpoint
+    from prime_async.testing.simulation import FakeTrainer
+
+    seen: dict[int, int | None] = {}
+    real_send = FakeTrainer.send
+
+    async def send(self, batch) -> None:
+        state = latest_checkpoint(tmp_path)
+        seen[batch.step] = None if state is None else int(state["step"])
+        await real_send(self, batch)
+
+    monkeypatch.setattr(FakeTrainer, "send", send)
+    cfg = config(max_steps=6, max_off_policy_steps=1, output_dir=tmp_path, ckpt={"interval": 2})
+    run_virtual(run_simulation(cfg, SimParams(seed=1)))
+    # the batches of checkpoint steps 1, 3, 5 are sent only once their checkpoint exists
+    assert {step: seen[step] for step in (1, 3, 5)} == {1: 1, 3: 3, 5: 5}

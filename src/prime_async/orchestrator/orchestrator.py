@@ -11,8 +11,8 @@
 
 Main loop, step n: wait for batch n from the sink (backpressure point: the trainer pulls batches, and
 admission stops dispatch when `next_batch_step - served_version > K`), cut it (the group table moves the
-groups to trained, admission re-checks, unshippable in-flight groups are cancelled), send it, check the
-group table, log metrics, checkpoint.
+groups to trained, admission re-checks, unshippable in-flight groups are cancelled), checkpoint (before
+the batch can reach the trainer), send it, check the group table, log metrics.
 
 `deterministic = true` adds one shared `DeterministicSchedule` (`schedule.py`) to admission, the
 dispatcher, the sink (`DeterministicSink`) and the watcher (version by version, `drain` updates).
@@ -244,11 +244,15 @@ async def run_loop(
             )
             if on_step is not None:
                 on_step(step, groups)
+            # Checkpoint before the batch can reach the trainer: a death between the two must never leave
+            # a trainer checkpoint of step + 1 without the orchestrator's of `step` (the rollback would
+            # resume the orchestrator behind engines serving step + 1, and die again, until the restart
+            # budget is gone). The state is final here: the cut moved the batch's groups to trained.
+            if cfg.ckpt.interval is not None and (step + 1) % cfg.ckpt.interval == 0:
+                save_checkpoint(cfg.output_dir, step, checkpoint_state(comps))
             with waiting(stalls, f"batch {step} to be fetched", peer="the trainer"):
                 await _supervised(send_batch(batch), background)
             comps.groups.check()
-            if cfg.ckpt.interval is not None and (step + 1) % cfg.ckpt.interval == 0:
-                save_checkpoint(cfg.output_dir, step, checkpoint_state(comps))
             now = clock()
             metrics = _step_metrics(comps, groups, step, time_step=now - last, wait_data=wait_data)
             metrics.update(batch.metrics)  # batch/sample_tokens, batch/packed_tokens
