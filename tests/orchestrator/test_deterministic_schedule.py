@@ -38,7 +38,9 @@ def test_schedule_versions_blocking_and_loadability():
     with pytest.raises(RuntimeError, match=r"slot 0 \(batch 0\) belongs to version 0 but the engines"):
         late.blocked(1)
     resumed = DeterministicSchedule(batch_groups=3, max_off_policy_steps=2, max_steps=9, seed=0, start_step=5)
-    assert resumed.next_slot == 15 and resumed.next_version() == 3
+    # resumed at step 5: the engines serve version 5 (the rollback loaded it), so batches 5 and 6 go out
+    # at 5, not at 3 and 4, whose weights are gone
+    assert resumed.next_slot == 15 and resumed.next_version() == 5
 
 
 def test_seeds_are_stable_across_processes_and_distinct():
@@ -150,3 +152,19 @@ def test_config_rules():
         OrchestratorConfig(deterministic=True, max_off_policy_steps=2, update_weights_interval=2)
     with pytest.raises(ValueError, match=r"remove sink\.import_path"):
         OrchestratorConfig(deterministic=True, sink={"import_path": "x:Y"})
+
+
+def test_a_resumed_schedule_dispatches_at_the_version_the_engines_serve() -> None:
+    """Regression (feature matrix: deterministic x a kill with restarts): after a rollback to step 2 the
+    engines serve version 2, but batch 2's slots belonged to version 2 - K = 1, so the resumed orchestrator
+    died with 'deterministic schedule broken' on every restart. Batches c .. c + K - 1 of a run resumed at
+    step c are dispatched at version c."""
+    from prime_async.orchestrator.schedule import DeterministicSchedule
+
+    schedule = DeterministicSchedule(
+        batch_groups=2, max_off_policy_steps=1, max_steps=6, seed=0, start_step=2
+    )
+    assert [schedule.dispatch_version(n) for n in range(2, 6)] == [2, 2, 3, 4]
+    assert schedule.next_slot == 4 and not schedule.blocked(served_version=2)
+    fresh = DeterministicSchedule(batch_groups=2, max_off_policy_steps=1, max_steps=6, seed=0)
+    assert [fresh.dispatch_version(n) for n in range(4)] == [0, 0, 1, 2], "a fresh run is unchanged"

@@ -1,7 +1,9 @@
 """The fixed dispatch schedule of `deterministic = true`: which group is dispatched when, and with which
 sampling seeds, so that two runs of one config and seed produce the same batches.
 
-    slot s (0, 1, 2, ...) ──► batch n = s // batch_groups ──► dispatched at version d(n) = max(0, n - K)
+    slot s (0, 1, 2, ...) ──► batch n = s // batch_groups ──► dispatched at version d(n) = max(c, n - K)
+    (c = the step the run started or resumed at: after a rollback the engines serve exactly version c,
+    and the older versions batches c .. c + K - 1 were scheduled for are gone)
 
 Who calls it (only when `deterministic = true`): admission (`blocked`: the next slot waits for its
 version), the dispatcher (`take_slot`: the slot is the group's id; `episode_seed`), the deterministic
@@ -13,7 +15,7 @@ Invariants:
 - slots are taken in increasing order, one per dispatched group, and never past batch `max_steps - 1`;
 - a slot of batch n is dispatched exactly when version d(n) is served: earlier is refused (`blocked`),
   later cannot happen (`wait_loadable` keeps d(n) + 1 out until the slot is taken) and raises if seen;
-- hence every group of batch n has staleness exactly `min(n, K)` and is trained in batch n;
+- hence every group of batch n has staleness exactly `min(n - c, K)` and is trained in batch n;
 - seeds are functions of the run seed and the episode's identity (env, example, epoch, index in its
   group, model call in the episode), never of timing: `derive_seed` is a stable 63-bit hash.
 """
@@ -50,6 +52,7 @@ class DeterministicSchedule:
         self.k = max_off_policy_steps
         self.max_steps = max_steps
         self.seed = seed
+        self.start_step = start_step
         self.next_slot = start_step * batch_groups
         self.advanced = asyncio.Event()
 
@@ -58,7 +61,7 @@ class DeterministicSchedule:
 
     def dispatch_version(self, step: int) -> int:
         """The version the groups of batch `step` are dispatched at."""
-        return max(0, step - self.k)
+        return max(self.start_step, step - self.k)
 
     def slots(self, step: int) -> range:
         return range(step * self.batch_groups, (step + 1) * self.batch_groups)
