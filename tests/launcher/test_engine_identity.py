@@ -84,7 +84,9 @@ def test_orchestrator_refuses_an_engine_of_another_run(engine: tuple[int, dict])
     async def check(run_id: str | None, model_path: str = "m") -> None:
         client = HttpEngineClient(f"http://127.0.0.1:{port}", None)
         try:
-            await check_engines_belong_to_run([client], run_id, model_path=model_path)
+            await check_engines_belong_to_run(
+                [client], run_id, model_path=model_path, broadcasts=Path("/o/b")
+            )
         finally:
             await client.aclose()
 
@@ -98,6 +100,8 @@ def test_orchestrator_refuses_an_engine_of_another_run(engine: tuple[int, dict])
     asyncio.run(check("run-a"))
     with pytest.raises(RuntimeError, match=r"serves 'm', not this run's model '/other'"):
         asyncio.run(check("run-a", model_path="/other"))
+    info.update(model_path="/o/b/step_3")  # a restarted engine serves one of this run's broadcasts
+    asyncio.run(check("run-a", model_path="/other"))
 
 
 def test_an_engine_ahead_of_the_first_batch_is_refused() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from prime_async.inference.types import EngineClient
@@ -36,13 +37,14 @@ def check_served_not_ahead(served_version: int, start_step: int) -> None:
 
 
 async def check_engines_belong_to_run(
-    engines: Sequence[Any], run_id: str | None, *, model_path: str | None = None
-) -> None:
+    engines: Sequence[Any], run_id: str | None, *, model_path: str | None = None,
+    broadcasts: Path | None = None,
+) -> None:  # fmt: skip
     """Refuse (RuntimeError) an engine that is not this run's, before any request reaches it: one that
     reports another run's id (its weights are not ours, and our weight updates must never reach it), or,
-    when it reports no id (SGLang), one that serves another model than `model_path` (another server
-    answers on the port). The same checks as the launcher's, so the orchestrator may start with the
-    engines instead of after them."""
+    when it reports no id (SGLang), one that serves neither `model_path` nor a version of this run's
+    `broadcasts` (a restarted engine serves `broadcasts/step_N`): another server answers on the port. The
+    launcher makes the same check at start, so the orchestrator may start with the engines."""
     if run_id is None:
         return
     for engine in engines:
@@ -50,8 +52,10 @@ async def check_engines_belong_to_run(
         reported = info.get("run_id")
         if reported is not None and reported != run_id:
             raise RuntimeError(f"the engine at {engine.base_url} belongs to run {reported}, not to {run_id}")
-        if reported is None and model_path is not None and str(info.get("model_path")) != model_path:
+        served = str(info.get("model_path"))
+        ours = served == model_path or (broadcasts is not None and Path(served).parent == Path(broadcasts))
+        if reported is None and model_path is not None and not ours:
             raise RuntimeError(
-                f"the engine at {engine.base_url} serves {info.get('model_path')!r}, not this run's model "
+                f"the engine at {engine.base_url} serves {served!r}, not this run's model "
                 f"{model_path!r}: another server answers on its port"
             )

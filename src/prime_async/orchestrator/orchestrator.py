@@ -383,7 +383,9 @@ async def _run(cfg: OrchestratorConfig) -> None:
                 await stack.enter_async_context(source)
             with stalls.waiting("the engines to answer /health", peer="the inference engines"):
                 await wait_for_engines(engines, timeout_s=cfg.inference.timeout_s)
-            await check_engines_belong_to_run(engines, cfg.run_id, model_path=str(cfg.model.path))
+            await check_engines_belong_to_run(
+                engines, cfg.run_id, model_path=str(cfg.model.path), broadcasts=cfg.output_dir / "broadcasts"
+            )
             versions = await asyncio.gather(*(e.weight_version() for e in engines))
             served = min(versions)
             comps = build_components(

@@ -107,7 +107,12 @@ async def start_in_run_eval(
             stack.push_async_callback(engine.aclose)
         await wait_for_engines(eval_engines, timeout_s=cfg.inference.timeout_s)
         if ecfg.placement == "dedicated":
-            await check_engines_belong_to_run(eval_engines, cfg.run_id, model_path=str(cfg.model.path))
+            await check_engines_belong_to_run(
+                eval_engines,
+                cfg.run_id,
+                model_path=str(cfg.model.path),
+                broadcasts=cfg.output_dir / "broadcasts",
+            )
     sources = build_sources(cfg, list(ecfg.envs), eval_engines)
     for source in sources.values():
         await stack.enter_async_context(source)
