@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "matrix")]
 from cells import DIMENSIONS, cell_id, refused_pairs, trained_cells  # noqa: E402
 
 DOC = ROOT / "docs" / "feature-matrix.md"
+_PREFIX = re.compile(r"^rl: error: \S*cell\.toml: ")  # the temporary config file's path
 SHORT = {"single_turn": "single-turn", "multi_turn": "multi-turn", "two_seats": "two seats",
          "best_of_n": "best-of-n", "filesystem": "fs", "distributed": "dist"}  # fmt: skip
 
@@ -74,7 +76,7 @@ def render(results: Path, total_s: float | None) -> str:
     lines += ["| pair | refusal (the rl command's line) |", "|---|---|"]
     for pair in refused_pairs():
         out = outcomes.get(pair.label, {})
-        message = out.get("message", pair.message).replace("|", "\\|")
+        message = _PREFIX.sub("", out.get("message", pair.message)).replace("|", "\\|")
         lines.append(f"| `{pair.label}` | {message} |")
     if total_s is not None:
         lines += ["", f"The run above took {total_s / 60:.1f} min on this machine (2 cores)."]
@@ -87,9 +89,12 @@ def main() -> None:
     )
     parser.add_argument("--results", type=Path, help="render the outcomes already in this folder")
     parser.add_argument("--minutes", type=float, help="with --results: the run's wall time to print")
+    parser.add_argument("--keep", type=Path, help="run the matrix with its outcomes kept in this folder")
     args = parser.parse_args()
     if args.results is not None:
         DOC.write_text(render(args.results, None if args.minutes is None else args.minutes * 60))
+    elif args.keep is not None:
+        DOC.write_text(render(args.keep, run_matrix(args.keep)))
     else:
         with tempfile.TemporaryDirectory() as tmp:
             total = run_matrix(Path(tmp))
