@@ -99,8 +99,13 @@ def test_normal_end_leaves_no_process(tiny_model_dir: Path, tmp_path: Path, mark
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_rl_ends_every_process(tiny_model_dir: Path, tmp_path: Path, mark: str, signum) -> None:
     proc = _start_rl(tmp_path / "run", tiny_model_dir, mark, steps=50)
-    assert _wait_for(lambda: _pid_of(mark, "orchestrator @") is not None, 120), "orchestrator never started"
-    assert _pid_of(mark, "sglang.launch_server") is not None
+    # rl starts the orchestrator with the engines: wait until the SGLang server is up too
+    started = _wait_for(
+        lambda: None not in (_pid_of(mark, "orchestrator @"), _pid_of(mark, "sglang.launch_server")), 120
+    )
+    if not started:
+        proc.kill()
+    assert started, "orchestrator or SGLang server never started"
     proc.send_signal(signum)
     _assert_nothing_survives(proc, mark, expect_status=128 + signum)
 
