@@ -227,3 +227,25 @@ def test_deterministic_runs_never_skip_a_version_that_is_gone():
             await watcher.update(2)
 
     run_virtual(go())
+
+
+def test_an_engine_dying_during_the_drain_stops_the_update_before_the_load():
+    """Regression (feature matrix: inference kill x drain x distributed weights): the engine died while
+    the update drained; the update went on to form the weight group with it, and the trainer's control
+    thread sat in that rendezvous for weights.timeout_s (600 s), deaf to the rejoin after recovery."""
+    from prime_async.inference.types import EngineUnavailable
+
+    async def go():
+        watcher, engines, admission, groups, log = make("drain")
+        loader = ForgetfulLoader(announced=1, held=2)
+        watcher.loader = loader
+        groups.idle.clear()  # episodes in flight: the update waits for them
+        update = asyncio.create_task(watcher.update(1))
+        await asyncio.sleep(1)
+        watcher.engine_failed(EngineUnavailable("connection refused"))  # the gateway saw the engine die
+        groups.idle.set()  # its episodes ended as errors
+        with pytest.raises(EngineUnavailable, match="went down before weights v1 could load"):
+            await update
+        assert loader.loads == [] and admission.served_version == 0
+
+    run_virtual(go())

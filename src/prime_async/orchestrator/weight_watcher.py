@@ -264,6 +264,8 @@ class WeightWatcher:
                 version = newest
         else:
             await asyncio.gather(*(e.pause_generation(self.pause_mode) for e in self.engines))
+        if self._engine_down:  # it died while we paused or drained: `run()` recovers, then retries
+            raise EngineUnavailable(f"an engine went down before weights v{version} could load")
         flush = self.pause_mode != "in_place"
         version = await self._load(version, flush)
         self._reload = False
