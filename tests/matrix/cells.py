@@ -88,7 +88,8 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
         "orchestrator": orchestrator,
         "trainer": {"optim": {"lr": 1e-4}, "num_processes": cell["trainer_procs"]},
         "deterministic": cell["deterministic"] == "on",
-        "weights": {"transport": cell["weights"]},
+        # 0: rl picks a free rendezvous port, so two cells running at once never meet on the default one
+        "weights": {"transport": cell["weights"], "master_port": 0},
     }
     if cell["lora"] == "on":
         cfg["lora"] = {"rank": 4, "alpha": 8.0}
