@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from prime_async.utils.process_tree import alive
+from proc_helpers import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = Path(__file__).resolve().parent / "standin_sglang"
@@ -143,7 +144,12 @@ def _start_embedded_rl(out: Path, model_dir: Path, mark: str, *extra: str, steps
 def test_second_run_on_default_ports_is_refused(tiny_model_dir: Path, tmp_path: Path, mark: str) -> None:
     """Run A holds the default ports; run B is refused at once, naming the port and run A's engine."""
     first = _start_embedded_rl(tmp_path / "a", tiny_model_dir, mark, steps=50)
-    assert _wait_for(lambda: _pid_of(mark, "orchestrator @") is not None, 120), "run A never started"
+    # rl starts the orchestrator with the engines: run A holds the default ports once its engine answers
+    try:
+        wait_healthy("http://127.0.0.1:30000", first, timeout_s=120)
+    except BaseException:
+        first.kill()
+        raise
     second = subprocess.run(
         [sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
          "--output-dir", str(tmp_path / "b"), "--model.path", str(tiny_model_dir)],
