@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prime_async.config.shared import WeightTransferConfig
-from prime_async.inference.types import EngineUnavailable
 from prime_async.orchestrator.weight_watcher import VersionGone
 from prime_async.transport.control import (
     VERSION_GONE,
@@ -162,12 +161,6 @@ class DistributedWeights:
 
     async def _join(self, engines: Sequence[Any]) -> None:
         await self.control.wait_trainer(self.cfg.timeout_s)
-        # A rank that never arrives holds the trainer's control thread in the rendezvous for timeout_s
-        # (it could not answer the rejoin after the outage): ask only engines that answer now.
-        healthy = await asyncio.gather(*(e.health() for e in engines))
-        if not all(healthy):
-            down = [e.base_url for e, ok in zip(engines, healthy, strict=True) if not ok]
-            raise EngineUnavailable(f"engines {down} are down: the weight group is not formed now")
         for old in self._retired:  # best effort: a restarted engine no longer has it (answers False)
             await asyncio.gather(
                 *(e.destroy_weights_update_group(old) for e in engines), return_exceptions=True
