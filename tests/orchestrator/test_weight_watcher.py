@@ -236,7 +236,7 @@ def test_an_engine_dying_during_the_drain_stops_the_update_before_the_load():
     from prime_async.inference.types import EngineUnavailable
 
     async def go():
-        watcher, engines, admission, groups, log = make("drain")
+        watcher, _engines, admission, groups, _log = make("drain")
         loader = ForgetfulLoader(announced=1, held=2)
         watcher.loader = loader
         groups.idle.clear()  # episodes in flight: the update waits for them
