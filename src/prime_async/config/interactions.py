@@ -44,15 +44,23 @@ def derive_lora_slots(inference: dict[str, Any], lora: Any, *, k: int, interval:
         inference["max_loaded_loras"] = lora_slots_needed(k, interval)
 
 
+def keep_last_needed(max_off_policy_steps: int) -> int:
+    """Broadcasts a deterministic trainer keeps: every version is loaded in turn and the trainer runs up
+    to K + 1 versions ahead of the served one."""
+    return max(DEFAULT_KEEP_LAST, max_off_policy_steps + 1)
+
+
 def derive_keep_last(trainer: dict[str, Any], *, deterministic: bool, k: int) -> None:
-    """`rl`: a deterministic run loads every version in turn, so the trainer keeps the K + 1 newest
-    broadcasts; fill `trainer.weights.keep_last` (raw section) when it is unset and the default is
-    fewer (an explicit smaller value is refused by `check_rl`)."""
+    """`rl`: fill `trainer.weights.keep_last` (raw section) with `keep_last_needed(k)` in a deterministic
+    run when it is unset (an explicit smaller value is refused by `check_rl`)."""
     weights = trainer.get("weights")
     if not deterministic or (isinstance(weights, dict) and "keep_last" in weights):
         return
-    if k + 1 > DEFAULT_KEEP_LAST:
-        trainer["weights"] = {**(weights if isinstance(weights, dict) else {}), "keep_last": k + 1}
+    if keep_last_needed(k) > DEFAULT_KEEP_LAST:
+        trainer["weights"] = {
+            **(weights if isinstance(weights, dict) else {}),
+            "keep_last": keep_last_needed(k),
+        }
 
 
 def check_orchestrator(cfg: OrchestratorConfig) -> None:

@@ -50,6 +50,7 @@ from prime_async.config.interactions import (
     check_rl,
     derive_keep_last,
     derive_lora_slots,
+    keep_last_needed,
     lora_slots_needed,
 )
 from prime_async.config.orchestrator import OrchestratorConfig
@@ -63,7 +64,7 @@ from prime_async.config.shared import (
     WandbConfig,
     WeightTransferConfig,
 )
-from prime_async.config.trainer import DEFAULT_KEEP_LAST, TrainerConfig
+from prime_async.config.trainer import TrainerConfig
 
 KeyPath = tuple[str, ...]
 SUBSECTIONS: dict[str, type[BaseModel]] = {
@@ -220,7 +221,7 @@ class RLConfig(BaseConfig):
                 if inference is not None and inference.max_loaded_loras == slots:
                     inference.__pydantic_fields_set__.discard("max_loaded_loras")
         k = self.orchestrator.max_off_policy_steps
-        if self.deterministic and self.trainer.weights.keep_last == max(k + 1, DEFAULT_KEEP_LAST):
+        if self.deterministic and self.trainer.weights.keep_last == keep_last_needed(k):
             self.trainer.weights.__pydantic_fields_set__.discard("keep_last")  # derived from K
         if self.eval_inference is not None:
             for name in SHARED_FIELDS:
