@@ -68,7 +68,7 @@ def side(args: argparse.Namespace) -> dict:
     from prime_async.config.trainer import TrainerConfig
     from prime_async.inference.engine import Engine
     from prime_async.trainer.fsdp import FsdpBackend
-    from prime_async.trainer.weights import WeightPublisher
+    from prime_async.weights.publish import WeightPublisher
 
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

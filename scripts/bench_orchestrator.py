@@ -21,7 +21,7 @@ import random
 import time
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.inference.types import SamplingParams
+from prime_async.engine_api import SamplingParams
 from prime_async.testing.simulation import (
     SimParams,
     SimulatedEngine,

@@ -43,7 +43,8 @@ import torch
 from prime_async.config.orchestrator import AdvantageConfig
 from prime_async.config.trainer import TrainerConfig
 from prime_async.orchestrator.batching import build_train_batch
-from prime_async.orchestrator.types import Episode, Group
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.types import Episode
 from prime_async.trainer.fsdp import RowTensors, load_model, row_loss, train_step
 from prime_async.trainer.loss import build_loss_fn
 from prime_async.trainer.optim import build_optimizer, build_scheduler

@@ -36,8 +36,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from prime_async.launcher.identity import free_ports
-from prime_async.trainer.weights import WeightPublisher
-from prime_async.weight_group import join_weight_group, metas_of, plan_buckets, send_bucket
+from prime_async.weights.process_group import join_weight_group, metas_of, plan_buckets, send_bucket
+from prime_async.weights.publish import WeightPublisher
 
 
 def start_engine(model: Path, work: Path) -> tuple[subprocess.Popen, str]:

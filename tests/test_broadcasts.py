@@ -1,4 +1,4 @@
-"""The broadcast directory layout (`prime_async.broadcasts`) on real files."""
+"""The broadcast directory layout (`prime_async.weights.broadcasts`) on real files."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import threading
 from pathlib import Path
 
-from prime_async.broadcasts import (
+from prime_async.weights.broadcasts import (
     STABLE,
     discard_after,
     install_version,

@@ -2,14 +2,20 @@
 
 - no tracked text file refers to `../shared` (a directory outside the repository that a clone lacks);
 - no runtime module imports `prime_async.testing` (simulators and synthetic data are for tests/benches);
-- the pause-mode literals are spelled out once, in `prime_async/types.py`.
+- the pause-mode literals are spelled out once, in `prime_async/types.py`;
+- the package import graph is layered as `docs/ARCHITECTURE.md` draws it (its ```layers block): no
+  package imports one of a higher layer, no cycle, every package has a layer, `orchestrator/` stays
+  under 15% of the code.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "prime_async"
@@ -49,3 +55,34 @@ def test_pause_mode_literals_are_defined_once():
     pattern = re.compile(r"Literal\[[^\]]*\"(retract|in_place|drain)\"")
     places = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if pattern.search(p.read_text())]
     assert places == ["types.py"], f"pause-mode literals spelled out in {places}; import prime_async.types"
+
+
+def _repo_figures() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("repo_figures", ROOT / "scripts" / "repo_figures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_package_imports_follow_the_documented_layers():
+    figures = _repo_figures()
+    imports = figures.module_imports()
+    edges = figures.package_edges(imports)
+    layers = figures.declared_layers()
+    ranked = figures.layer_index(layers)
+    parts = {figures.part_of(i.source) for i in imports} | set(figures.lines_per_part()) - {"__init__"}
+    assert not parts - set(ranked), f"packages without a layer in docs/ARCHITECTURE.md: {parts - set(ranked)}"
+    against = {
+        edge: sorted({f"{i.source} -> {i.target}" for i in edges[edge]})
+        for edge in figures.edges_against(edges, layers)
+    }
+    assert not against, f"imports against the layering of docs/ARCHITECTURE.md: {against}"
+    assert figures.cycles(edges) == [], f"package import cycles: {figures.cycles(edges)}"
+
+
+def test_the_orchestrator_stays_a_small_part_of_the_code():
+    lines = _repo_figures().lines_per_part()
+    share = lines["orchestrator"] / sum(lines.values())
+    assert share < 0.15, f"orchestrator/ is {share:.1%} of the code; move what is not the run loop below it"

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from prime_async.inference.types import GenerateResult
+from prime_async.engine_api import GenerateResult
 
 
 class HFEngineClient:

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from hf_engine import HFEngineClient
 
-from prime_async.inference.types import SamplingParams
-from prime_async.orchestrator.gateway import GENERATE_ROUTE, Gateway
-from prime_async.orchestrator.schedule import call_seed
+from prime_async.engine_api import SamplingParams
+from prime_async.rollouts.gateway import GENERATE_ROUTE, Gateway
+from prime_async.rollouts.seeds import call_seed
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_cancel_aborts_inflight_engine_request(engines: list[HFEngineClient]) ->
 
 
 def test_session_keys_are_recycled_after_quarantine(engines: list[HFEngineClient]) -> None:
-    from prime_async.orchestrator.gateway import KEY_QUARANTINE
+    from prime_async.rollouts.gateway import KEY_QUARANTINE
 
     gw = Gateway(engines=engines[:1], seq_len=64)
     seen: list[str] = []

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("verifiers.v1")
 
-from prime_async.orchestrator.envs import inprocess_harness, prompt_limit
+from prime_async.rollouts import inprocess_harness, prompt_limit
 
 
 def test_prompt_limit_key_matches_the_train_client(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from prime_async.config.env import EnvConfig
-from prime_async.inference.types import GenerateResult, SamplingParams
-from prime_async.orchestrator.envs import build_rollout_source
-from prime_async.orchestrator.envs.renderer_choice import choose_renderer, renderer_for_model
+from prime_async.engine_api import GenerateResult, SamplingParams
+from prime_async.rollouts import build_rollout_source
+from prime_async.rollouts.renderer_choice import choose_renderer, renderer_for_model
 from proc_helpers import free_port, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +81,7 @@ def test_tool_episode_masks_tool_call_results(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from prime_async.orchestrator.envs import inprocess_tools
+    from prime_async.rollouts import inprocess_tools
 
     served: list[str] = []
     serve_toolset = inprocess_tools.serve_toolset

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from prime_async.broadcasts import STABLE, broadcasts_root, install_version, version_dir
 from prime_async.config.eval import EvalConfig
-from prime_async.eval.command import versions_to_evaluate
+from prime_async.launcher.eval_command import versions_to_evaluate
+from prime_async.weights.broadcasts import STABLE, broadcasts_root, install_version, version_dir
 
 BIN = Path(sys.executable).parent
 

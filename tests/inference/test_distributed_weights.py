@@ -19,14 +19,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from prime_async.trainer.weights import WeightPublisher
-from prime_async.weight_group import (
+from prime_async.weights.process_group import (
     join_weight_group,
     leave_weight_group,
     metas_of,
     plan_buckets,
     send_bucket,
 )
+from prime_async.weights.publish import WeightPublisher
 from proc_helpers import free_port, start_embedded_engine
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]

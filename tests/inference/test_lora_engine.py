@@ -17,8 +17,8 @@ import torch
 from prime_async.config.trainer import MaskLossConfig, TrainerConfig
 from prime_async.testing.synthetic import make_batch
 from prime_async.trainer.fsdp import FsdpBackend
-from prime_async.trainer.weights import WeightPublisher
 from prime_async.transport.zmq_batches import RankBatch
+from prime_async.weights.publish import WeightPublisher
 from proc_helpers import free_port, wait_healthy
 
 LORA = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",

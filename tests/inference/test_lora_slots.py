@@ -12,9 +12,9 @@ import asyncio
 import pytest
 
 from prime_async.config.interactions import lora_slots_needed
+from prime_async.engine_api import GenerateResult
 from prime_async.inference.client import EngineError
-from prime_async.inference.lora_client import LoraEngineClient, adapter_name
-from prime_async.inference.types import GenerateResult
+from prime_async.weights.lora_client import LoraEngineClient, adapter_name
 
 
 class SlotEngine:

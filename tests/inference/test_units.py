@@ -231,8 +231,8 @@ def test_client_reports_unreachable_engine_as_engine_unavailable():
     import asyncio
     import socket
 
+    from prime_async.engine_api import EngineUnavailable
     from prime_async.inference.client import HttpEngineClient
-    from prime_async.inference.types import EngineUnavailable
 
     with socket.socket() as s:  # a port nobody listens on once the socket is closed
         s.bind(("127.0.0.1", 0))
@@ -254,7 +254,7 @@ def test_client_reports_unreachable_engine_as_engine_unavailable():
 
 
 def test_sampling_params_convert_to_sglang_and_vllm_names():
-    from prime_async.inference.types import SamplingParams
+    from prime_async.engine_api import SamplingParams
 
     p = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12)
     assert p.to_sglang() == {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 12}

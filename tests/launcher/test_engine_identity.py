@@ -19,7 +19,7 @@ from prime_async.config.loader import load_config
 from prime_async.config.rl import RLConfig
 from prime_async.inference.client import HttpEngineClient
 from prime_async.launcher.identity import check_engine_identity
-from prime_async.orchestrator.engine_checks import check_engines_belong_to_run, check_served_not_ahead
+from prime_async.rollouts.engine_checks import check_engines_belong_to_run, check_served_not_ahead
 
 
 @pytest.fixture

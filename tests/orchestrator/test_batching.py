@@ -14,7 +14,8 @@ from prime_async.orchestrator.batching import (
     seat_advantages,
     shared_prefix_length,
 )
-from prime_async.orchestrator.types import Episode, Group
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.types import Episode
 
 
 def episode(prompt: int, completion: int, reward: float, version: int = 0) -> Episode:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from prime_async.orchestrator.data_source import DataSource, LazyTasks
+from prime_async.orchestrator.data_source import DataSource
+from prime_async.rollouts.tasks import LazyTasks
 
 
 def test_each_epoch_issues_every_example_once():

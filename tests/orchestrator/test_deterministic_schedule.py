@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 from prime_async.config.orchestrator import OrchestratorConfig, SinkConfig
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.groups import GroupTable
-from prime_async.orchestrator.schedule import DeterministicSchedule, call_seed, derive_seed, episode_seed
+from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.train_sink import DeterministicSink
-from prime_async.orchestrator.types import Episode, Group
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.seeds import call_seed, derive_seed, episode_seed
+from prime_async.rollouts.types import Episode
 from prime_async.testing.simulation import SimParams, run_simulation, run_virtual
 
 

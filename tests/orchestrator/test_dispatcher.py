@@ -7,15 +7,15 @@ import asyncio
 import pytest
 
 from prime_async.config.orchestrator import SinkConfig
-from prime_async.inference.types import SamplingParams
+from prime_async.engine_api import SamplingParams
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.dispatcher import Dispatcher
 from prime_async.orchestrator.env_mix import EnvMix
-from prime_async.orchestrator.episode_errors import EpisodesFailing
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.train_sink import TrainSink
-from prime_async.orchestrator.types import Episode
+from prime_async.rollouts.episode_errors import EpisodesFailing
+from prime_async.rollouts.types import Episode
 from prime_async.testing.simulation import run_virtual
 
 

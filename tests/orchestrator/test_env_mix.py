@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.inference.types import SamplingParams
+from prime_async.engine_api import SamplingParams
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.env_mix import EnvMix, MixEnv, MixSchedule
 from prime_async.orchestrator.types import Group

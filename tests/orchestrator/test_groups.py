@@ -13,7 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.groups import STATES, GroupTable
-from prime_async.orchestrator.types import Episode, Group
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.types import Episode
 
 
 def make(*, group_size=2, k=1, retry=True, max_dropped=100) -> GroupTable:

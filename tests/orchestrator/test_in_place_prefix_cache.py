@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 
+from prime_async.engine_api import GenerateResult
 from prime_async.inference.client import EngineError
-from prime_async.inference.types import GenerateResult
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.data_source import DataSource
-from prime_async.orchestrator.gateway import Gateway
 from prime_async.orchestrator.groups import GroupTable
-from prime_async.orchestrator.weight_watcher import WeightWatcher
+from prime_async.rollouts.gateway import Gateway
+from prime_async.weights.watcher import WeightWatcher
 
 
 class PrefixCacheEngine:

@@ -11,7 +11,8 @@ from prime_async.config.orchestrator import SinkConfig
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.train_sink import TrainSink, build_train_sink
-from prime_async.orchestrator.types import Episode, Group
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.types import Episode
 
 
 def table(*, k=1, unused="drop", max_dropped=100) -> GroupTable:

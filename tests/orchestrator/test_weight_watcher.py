@@ -11,8 +11,8 @@ import pytest
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.groups import GroupTable
-from prime_async.orchestrator.weight_watcher import BroadcastDir, WeightWatcher
 from prime_async.testing.simulation import SimParams, SimulatedEngine, run_virtual
+from prime_async.weights.watcher import BroadcastDir, WeightWatcher
 
 
 class FakeGroups:
@@ -192,7 +192,7 @@ class ForgetfulLoader:
         return self.announced
 
     async def load(self, engines, version: int, *, flush_cache: bool) -> None:
-        from prime_async.orchestrator.weight_watcher import VersionGone
+        from prime_async.weights.watcher import VersionGone
 
         if version <= self.announced - self.held:
             raise VersionGone(f"cannot send version {version}: versions held: [{self.announced - 1}, ...]")
@@ -217,7 +217,7 @@ def test_a_version_gone_from_the_trainer_is_replaced_by_the_newest():
 
 
 def test_deterministic_runs_never_skip_a_version_that_is_gone():
-    from prime_async.orchestrator.weight_watcher import VersionGone
+    from prime_async.weights.watcher import VersionGone
 
     async def go():
         watcher, _, _, _, _ = make("drain")
@@ -233,7 +233,7 @@ def test_an_engine_dying_during_the_drain_stops_the_update_before_the_load():
     """Regression (feature matrix: inference kill x drain x distributed weights): the engine died while
     the update drained; the update went on to form the weight group with it, and the trainer's control
     thread sat in that rendezvous for weights.timeout_s (600 s), deaf to the rejoin after recovery."""
-    from prime_async.inference.types import EngineUnavailable
+    from prime_async.engine_api import EngineUnavailable
 
     async def go():
         watcher, _engines, admission, groups, _log = make("drain")

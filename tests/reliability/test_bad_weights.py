@@ -24,9 +24,9 @@ import torch
 from transformers import AutoConfig
 
 from prime_async.launcher.restart import latest_stable_broadcast
-from prime_async.orchestrator.weight_watcher import BroadcastDir
-from prime_async.trainer import weights as weights_mod
-from prime_async.trainer.weights import WeightPublisher
+from prime_async.weights import publish as weights_mod
+from prime_async.weights.publish import WeightPublisher
+from prime_async.weights.watcher import BroadcastDir
 from proc_helpers import free_port, wait_healthy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6}

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 from test_engine_outage import FakeAdmission, FakeDispatcher, FakeEngine, _until
 
-from prime_async.inference.types import EngineUnavailable
-from prime_async.orchestrator import weight_watcher as ww
+from prime_async.engine_api import EngineUnavailable
+from prime_async.weights import watcher as ww
 
 
 class RecordingLoader:

@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from prime_async.inference.types import EngineUnavailable
-from prime_async.orchestrator import weight_watcher as ww
+from prime_async.engine_api import EngineUnavailable
+from prime_async.weights import watcher as ww
 
 
 class FakeEngine:

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "environments"))
 from hf_engine import HFEngineClient
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.orchestrator.envs import build_rollout_source
 from prime_async.orchestrator.orchestrator import build_components, run_loop
+from prime_async.rollouts import build_rollout_source
 from prime_async.testing.simulation import InMemoryBroadcasts
 
 pytest.importorskip("verifiers.v1")

@@ -203,7 +203,7 @@ def test_rl_config_requires_api_key_off_loopback_and_propagates_it() -> None:
 def test_bound_address_of_a_running_gateway_is_loopback() -> None:
     import asyncio
 
-    from prime_async.orchestrator.gateway import Gateway
+    from prime_async.rollouts.gateway import Gateway
 
     async def main() -> set[str]:
         gateway = Gateway(engines=[object()], seq_len=64)  # type: ignore[list-item]  (no call reaches it)

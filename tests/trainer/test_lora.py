@@ -14,8 +14,8 @@ from prime_async.config.shared import LoraConfig
 from prime_async.config.trainer import MaskLossConfig, OptimConfig, TrainerConfig
 from prime_async.testing.synthetic import make_batch
 from prime_async.trainer.fsdp import FsdpBackend
-from prime_async.trainer.weights import WeightPublisher
 from prime_async.transport.zmq_batches import RankBatch
+from prime_async.weights.publish import WeightPublisher
 
 
 def _rank_batch(step: int) -> RankBatch:

@@ -16,8 +16,8 @@ from prime_async.trainer.fsdp import train_step
 from prime_async.trainer.loss import NonFiniteError, build_loss_fn
 from prime_async.trainer.optim import build_optimizer, lr_factor
 from prime_async.trainer.train import check_staleness
-from prime_async.trainer.weights import WeightPublisher
 from prime_async.transport.zmq_batches import RankBatch
+from prime_async.weights.publish import WeightPublisher
 
 
 @pytest.fixture()

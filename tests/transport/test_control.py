@@ -22,9 +22,9 @@ import torch
 
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.config.trainer import TrainerConfig
-from prime_async.orchestrator.weight_transfer import build_control
-from prime_async.transport.control import ControlClient, Published, decode
 from prime_async.transport.wire import WireError
+from prime_async.weights.control import ControlClient, Published, decode
+from prime_async.weights.transfer import build_control
 from proc_helpers import free_pair, free_port
 
 
@@ -103,8 +103,8 @@ def test_distributed_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path:
     from transformers import AutoConfig
 
     from prime_async.inference.client import HttpEngineClient
-    from prime_async.trainer.weight_sync import WeightSync
-    from prime_async.trainer.weights import WeightPublisher
+    from prime_async.weights.publish import WeightPublisher
+    from prime_async.weights.sync import WeightSync
 
     url, engine_log = engine_url
     port, master = free_pair(), free_port()

@@ -1,7 +1,7 @@
 """Config schema of the `eval` command (`uv run eval @ eval.toml`): evaluate a model directory or a
 run's published weights on environments, on an embedded engine the command starts or on SGLang URLs.
 
-`prime_async.entrypoints.eval` parses it and calls `prime_async.eval.command.run(cfg)`.
+`prime_async.entrypoints.eval` parses it and calls `prime_async.launcher.eval_command.run(cfg)`.
 Invariants checked at validation time: at least one environment, unique environment names, and
 `weights.steps` only together with `weights.run_dir`. No torch import here.
 """

@@ -1,7 +1,7 @@
 """`uv run eval @ eval.toml [--key value ...]`: evaluate a model or a run's published weights.
 
 Parses `EvalConfig` (config schemas never import torch or verifiers, so `--help` and `--dry-run` return
-fast), sets up logging, then imports and runs `prime_async.eval.command:run`.
+fast), sets up logging, then imports and runs `prime_async.launcher.eval_command:run`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from prime_async.entrypoints.common import run_component, setup_logging
 def main(argv: Sequence[str] | None = None) -> None:
     cfg = parse_config(EvalConfig, argv, prog="eval")
     setup_logging(cfg.log, component="eval")
-    from prime_async.eval.command import run
+    from prime_async.launcher.eval_command import run
 
     run_component(run, cfg, component="eval")
 

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prime_async.inference.types import SamplingParams
-from prime_async.orchestrator.types import Episode, RolloutSource
+from prime_async.engine_api import SamplingParams
+from prime_async.rollouts.types import Episode, RolloutSource
 
 Decode = Callable[[list[int]], str]
 

@@ -35,9 +35,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from prime_async.config.orchestrator import OrchestratorEvalConfig
+from prime_async.engine_api import EngineClient
 from prime_async.eval.episodes import Decode, EvalEnv, EvalResult, evaluate
-from prime_async.inference.types import EngineClient
-from prime_async.orchestrator.weight_watcher import Broadcasts
+from prime_async.weights.watcher import Broadcasts
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from prime_async.config.env import EvalEnvConfig, SamplingOverrides
+from prime_async.engine_api import SamplingParams
 from prime_async.eval.episodes import Decode, EvalEnv, example_ids
-from prime_async.inference.types import SamplingParams
-from prime_async.orchestrator.types import RolloutSource
+from prime_async.rollouts.types import RolloutSource
 
 
 def merged_sampling(base: Any, *overrides: SamplingOverrides) -> SamplingParams:

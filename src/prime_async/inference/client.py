@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from prime_async.inference.types import EngineUnavailable, FinishType, GenerateResult
+from prime_async.engine_api import EngineClient, EngineUnavailable, FinishType, GenerateResult
 from prime_async.types import EnginePauseMode
 
 logger = logging.getLogger(__name__)
@@ -254,3 +254,11 @@ class HttpEngineClient:
         except httpx.HTTPError:
             return False
         return resp.status_code == 200
+
+
+def engine_clients(urls: list[str], api_key: str | None, *, lora: bool) -> list[EngineClient]:
+    """One client per engine URL: LoRA-aware when the run trains adapters."""
+    from prime_async.weights.lora_client import LoraEngineClient
+
+    clients: list[EngineClient] = [HttpEngineClient(url, api_key) for url in urls]
+    return [LoraEngineClient(c) for c in clients] if lora else clients

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from prime_async.broadcasts import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
+from prime_async.weights.broadcasts import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # fused projection of the runner -> the HF modules it concatenates (in row order)

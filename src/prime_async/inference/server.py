@@ -5,7 +5,7 @@ delegates to `inference/sglang_launcher.py`.
 
 Routes: POST /generate (`lora_path` per prompt), /pause_generation, /continue_generation,
 /update_weights_from_disk, /init_weights_update_group, /begin_weight_update, /update_weights_from_distributed,
-/end_weight_update, /destroy_weights_update_group (gloo on CPU, nccl on CUDA; `inference/weight_receiver.py`),
+/end_weight_update, /destroy_weights_update_group (gloo on CPU, nccl on CUDA; `weights/receiver.py`),
 /load_lora_adapter, /unload_lora_adapter, /update_weight_version, /abort_request; GET|POST /flush_cache;
 GET /model_info (alias /get_model_info), /health, /get_server_info. Invariants: a bad request is answered
 with HTTP 400 and `{"error": {"message"}}` and never reaches the engine, so the server keeps serving and the
@@ -38,7 +38,7 @@ from prime_async.inference.api import (
     generate_response,
 )
 from prime_async.inference.engine import Engine
-from prime_async.inference.weight_receiver import WeightReceiver
+from prime_async.weights.receiver import WeightReceiver
 
 logger = logging.getLogger(__name__)
 

@@ -38,8 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prime_async.broadcasts import broadcasts_root, discard_after, is_stable, latest_stable, version_dir
 from prime_async.config.rl import RLConfig
+from prime_async.weights.broadcasts import (
+    broadcasts_root,
+    discard_after,
+    is_stable,
+    latest_stable,
+    version_dir,
+)
 
 logger = logging.getLogger(__name__)
 

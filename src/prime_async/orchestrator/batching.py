@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from prime_async.config.orchestrator import AdvantageConfig
-from prime_async.orchestrator.types import Episode, Group
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.types import Episode
 from prime_async.transport.types import MicroBatch, TrainBatch
 
 logger = logging.getLogger(__name__)

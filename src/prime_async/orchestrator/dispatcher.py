@@ -40,11 +40,13 @@ from collections.abc import Callable
 
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.env_mix import EnvMix
-from prime_async.orchestrator.episode_errors import EpisodeErrors, EpisodesFailing
 from prime_async.orchestrator.groups import GroupTable
-from prime_async.orchestrator.schedule import DeterministicSchedule, episode_seed
+from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.train_sink import Sink
-from prime_async.orchestrator.types import Episode, Group, PolicySpan
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.episode_errors import EpisodeErrors, EpisodesFailing
+from prime_async.rollouts.seeds import episode_seed
+from prime_async.rollouts.types import Episode, PolicySpan
 
 logger = logging.getLogger(__name__)
 

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from prime_async.inference.types import SamplingParams
+from prime_async.engine_api import SamplingParams
 from prime_async.orchestrator.data_source import DataSource
-from prime_async.orchestrator.types import Group, RolloutSource
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.types import RolloutSource
 
 
 class MixSchedule:

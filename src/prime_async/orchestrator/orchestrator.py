@@ -37,29 +37,31 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.engine_api import EngineClient
 from prime_async.eval.in_run import InRunEval
 from prime_async.eval.setup import merged_sampling
-from prime_async.inference.types import EngineClient
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.batching import build_train_batch
 from prime_async.orchestrator.ckpt import latest_checkpoint, save_checkpoint
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.dispatcher import Dispatcher
-from prime_async.orchestrator.engine_checks import (
+from prime_async.orchestrator.env_mix import EnvMix, MixEnv
+from prime_async.orchestrator.groups import GroupTable
+from prime_async.orchestrator.metrics import batch_metrics
+from prime_async.orchestrator.schedule import DeterministicSchedule
+from prime_async.orchestrator.train_sink import Sink, build_train_sink
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.engine_checks import (
     check_engines_belong_to_run,
     check_served_not_ahead,
     wait_for_engines,
 )
-from prime_async.orchestrator.env_mix import EnvMix, MixEnv
-from prime_async.orchestrator.groups import GroupTable
-from prime_async.orchestrator.metrics import batch_metrics
-from prime_async.orchestrator.request_gate import RequestGate
-from prime_async.orchestrator.schedule import DeterministicSchedule
-from prime_async.orchestrator.train_sink import Sink, build_train_sink
-from prime_async.orchestrator.types import Group, RolloutSource
-from prime_async.orchestrator.weight_watcher import BroadcastDir, Broadcasts, WeightLoader, WeightWatcher
+from prime_async.rollouts.sources import build_sources, source_metrics
+from prime_async.rollouts.types import RolloutSource
 from prime_async.transport.types import TrainBatch
 from prime_async.utils.stall import StallWatch, waiting
+from prime_async.weights.request_gate import RequestGate
+from prime_async.weights.watcher import BroadcastDir, Broadcasts, WeightLoader, WeightWatcher
 
 if TYPE_CHECKING:
     from prime_async.transport.zmq_batches import BatchSender
@@ -350,21 +352,21 @@ def run(cfg: OrchestratorConfig) -> None:
 
 
 async def _run(cfg: OrchestratorConfig) -> None:
-    from prime_async.inference.lora_client import engine_clients
     from prime_async.orchestrator import wiring
-    from prime_async.orchestrator.weight_transfer import build_control
     from prime_async.transport.zmq_batches import BatchSender
     from prime_async.utils.monitor import Monitor
+    from prime_async.weights.lora_client import engine_clients
+    from prime_async.weights.transfer import build_control
 
     engines = engine_clients(cfg.inference.base_urls, cfg.inference.api_key, lora=cfg.lora is not None)
     control, loader, wake, failed = build_control(cfg)
-    sources = wiring.build_sources(cfg, list(cfg.envs), engines)
+    sources = build_sources(list(cfg.envs), engines, model_path=cfg.model.path, seq_len=cfg.seq_len)
     config = cfg.model_dump(mode="json")
     monitor = Monitor(output_dir=cfg.output_dir, name="orchestrator", wandb_cfg=cfg.wandb, config=config)
     sender = BatchSender(cfg=cfg.transport, num_ranks=cfg.num_train_ranks)
 
     def log_metrics(metrics: dict[str, float], step: int) -> None:
-        metrics.update(wiring.source_metrics(sources))
+        metrics.update(source_metrics(sources))
         logger.info(_console_line(step, metrics))
         monitor.log(metrics, step=step)
 

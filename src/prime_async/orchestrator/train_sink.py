@@ -30,7 +30,8 @@ from typing import Any, Protocol
 from prime_async.config.orchestrator import SinkConfig
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.schedule import DeterministicSchedule
-from prime_async.orchestrator.types import Episode, Group
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.types import Episode
 
 
 class Sink(Protocol):

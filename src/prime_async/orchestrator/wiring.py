@@ -10,9 +10,6 @@ Invariants:
   `in_place` update holds all of their requests alike;
 - dedicated eval engines must belong to the run (run id), like the training engines; external ones are
   not checked (any SGLang-compatible server);
-- the env metrics of all sources are summed under `env/episodes/<status>`, `env/errors/<kind>`,
-  `env/gateway_requests`, and also reported per env as `env/<name>/episodes/<status>` and
-  `env/<name>/errors/<kind>`.
 """
 
 from __future__ import annotations
@@ -22,31 +19,20 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.engine_api import EngineClient
 from prime_async.eval.episodes import EvalResult
 from prime_async.eval.in_run import InRunEval, due_versions
 from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
-from prime_async.inference.types import EngineClient
-from prime_async.orchestrator.engine_checks import check_engines_belong_to_run, wait_for_engines
-from prime_async.orchestrator.request_gate import RequestGate
-from prime_async.orchestrator.weight_watcher import BroadcastDir, WeightWatcher
+from prime_async.rollouts.engine_checks import check_engines_belong_to_run, wait_for_engines
+from prime_async.rollouts.sources import build_sources
+from prime_async.weights.request_gate import RequestGate
+from prime_async.weights.watcher import BroadcastDir, WeightWatcher
 
 if TYPE_CHECKING:
-    from prime_async.orchestrator.envs.source import VerifiersRolloutSource
+    from prime_async.rollouts.source import VerifiersRolloutSource
     from prime_async.utils.monitor import Monitor
 
 logger = logging.getLogger(__name__)
-
-
-def build_sources(cfg: OrchestratorConfig, envs: list[Any], engines: list[EngineClient]) -> dict[str, Any]:
-    """An unstarted verifiers rollout source per env config of `envs`, keyed by env name."""
-    from prime_async.orchestrator.envs import build_rollout_source
-
-    return {
-        env.label: build_rollout_source(
-            env_cfg=env, engines=engines, model_path=cfg.model.path, seq_len=cfg.seq_len
-        )
-        for env in envs
-    }
 
 
 def shared_request_gate(sources: list[VerifiersRolloutSource]) -> RequestGate | None:
@@ -78,17 +64,6 @@ def _gateways(sources: list[VerifiersRolloutSource]) -> list[Any]:
     return [g for s in sources if (g := getattr(s, "gateway", None)) is not None]
 
 
-def source_metrics(sources: dict[str, Any]) -> dict[str, float]:
-    """Env metrics of every source, summed and per env (module docstring)."""
-    out: dict[str, float] = {}
-    for name, source in sources.items():
-        for key, value in source.metrics().items():
-            out[key] = out.get(key, 0.0) + value
-            if key.startswith(("env/episodes/", "env/errors/")):
-                out[f"env/{name}/{key.removeprefix('env/')}"] = value
-    return out
-
-
 async def start_in_run_eval(
     cfg: OrchestratorConfig, watcher: WeightWatcher, *, engines: list[EngineClient], monitor: Monitor,
     stack: contextlib.AsyncExitStack,
@@ -97,7 +72,7 @@ async def start_in_run_eval(
     ecfg = cfg.eval
     if not ecfg.enabled:
         return None
-    from prime_async.inference.lora_client import engine_clients
+    from prime_async.weights.lora_client import engine_clients
 
     eval_engines: list[EngineClient] = engines
     if ecfg.placement != "shared":
@@ -113,7 +88,7 @@ async def start_in_run_eval(
                 model_path=str(cfg.model.path),
                 broadcasts=cfg.output_dir / "broadcasts",
             )
-    sources = build_sources(cfg, list(ecfg.envs), eval_engines)
+    sources = build_sources(list(ecfg.envs), eval_engines, model_path=cfg.model.path, seq_len=cfg.seq_len)
     for source in sources.values():
         await stack.enter_async_context(source)
     if ecfg.placement == "shared":

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.engine_api import GenerateResult, SamplingParams
 from prime_async.eval.episodes import EvalResult
 from prime_async.eval.in_run import InRunEval, due_versions
 from prime_async.eval.setup import eval_envs
-from prime_async.inference.types import GenerateResult, SamplingParams
 from prime_async.orchestrator.orchestrator import Components, build_components, run_loop
-from prime_async.orchestrator.types import Episode, Group
+from prime_async.orchestrator.types import Group
+from prime_async.rollouts.types import Episode
 from prime_async.transport.types import TrainBatch
 from prime_async.types import EnginePauseMode
 

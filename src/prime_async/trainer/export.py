@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from prime_async.broadcasts import read_adapter_config
 from prime_async.config.export import ExportLoraConfig
-from prime_async.trainer.weights import TOKENIZER_FILES
+from prime_async.weights.broadcasts import read_adapter_config
+from prime_async.weights.publish import TOKENIZER_FILES
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
                                  base weights frozen; the backend trains the same HF module object
     adapter_tensors(model) ──► {"base_model.model.<name>.lora_A.weight": ...}  (PEFT's file naming)
 
-Used by `trainer/fsdp.py` (inject, publish, checkpoint) and `trainer/weights.py` (adapter broadcasts).
+Used by `trainer/fsdp.py` (inject, publish, checkpoint) and `weights/publish.py` (adapter broadcasts).
 
 Invariants:
 - after `apply_lora` exactly the adapter parameters (and `modules_to_save` copies) require grad; the
@@ -17,11 +17,8 @@ Invariants:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from prime_async.broadcasts import ADAPTER_WEIGHTS
 from prime_async.config.shared import LoraConfig
 
 ADAPTER_NAME = "default"
@@ -85,12 +82,3 @@ def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def adapter_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def write_adapter(directory: Path, config, tensors: dict[str, torch.Tensor]) -> None:
-    """Write `adapter_config.json` + `adapter_model.safetensors` (PEFT's layout) into `directory`."""
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(str(directory))
-    save_file(tensors, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})

@@ -30,10 +30,10 @@ from prime_async.config.trainer import TrainerConfig
 from prime_async.trainer.backend import TrainBackend
 from prime_async.trainer.ckpt import checkpoint_steps, latest_checkpoint
 from prime_async.trainer.step_metrics import build_monitor, log_step, timing_metrics
-from prime_async.trainer.weight_sync import WeightSync
-from prime_async.trainer.weights import WeightPublisher
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
 from prime_async.utils.stall import StallWatch
+from prime_async.weights.publish import WeightPublisher
+from prime_async.weights.sync import WeightSync
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ import httpx
 import verifiers.v1 as vf
 from verifiers.v1.dialects.chat import message_to_wire
 
-from prime_async.orchestrator.envs import inprocess_tools
+from prime_async.rollouts import inprocess_tools
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ becomes one `Episode` with `seat = trace.agent.name` and its own reward (the tra
 logprobs and versions. Traces the env marked untrainable (e.g. a simulated user) are not trained. When
 the verifiers episode failed, or yields no trainable trace, the result is one error `Episode`.
 
-Called by `orchestrator/envs/source.py` after every verifiers episode. Pure: no I/O, no verifiers import at
+Called by `rollouts/source.py` after every verifiers episode. Pure: no I/O, no verifiers import at
 module level (it receives verifiers objects and reads their documented attributes).
 
 Invariants of the returned `Episode`:
@@ -33,8 +33,8 @@ import math
 import re
 from typing import Any
 
-from prime_async.orchestrator.gateway import GatewayCall, GatewaySession
-from prime_async.orchestrator.types import Episode
+from prime_async.rollouts.gateway import GatewayCall, GatewaySession
+from prime_async.rollouts.types import Episode
 
 ENV_ERROR_KINDS = (
     "rollout", "reward", "prompt_too_long", "model_call", "empty_completion", "no_trace", "engine_abort",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from prime_async.orchestrator.types import Episode
+from prime_async.rollouts.types import Episode
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ module import (`--help` stays fast).
 Invariants:
 - the environment is loaded through verifiers' own path (`resolve_env_config` -> `load_environment`), and
   example `i` is the i-th task of `env.taskset` (its `load()` order), fixed for the run; an infinite
-  taskset (`INFINITE`, unbounded) is drawn lazily (`data_source.LazyTasks`, `num_examples` None);
+  taskset (`INFINITE`, unbounded) is drawn lazily (`tasks.LazyTasks`, `num_examples` None);
 - the verifiers env config is the env's own `vf.EnvConfig` subclass: `env.args` fill its taskset,
   every seat (`vf.AgentConfig` field) gets the runner's harness and the subprocess runtime unless the
   author pinned its own, and `env.config` is deep-merged last; a key it does not declare fails
@@ -37,12 +37,12 @@ import time
 from typing import Any
 
 from prime_async.config.env import EnvBaseConfig
-from prime_async.inference.types import EngineClient, SamplingParams
-from prime_async.orchestrator.data_source import LazyTasks
-from prime_async.orchestrator.envs import inprocess_harness, inprocess_tools, prompt_limit
-from prime_async.orchestrator.envs.renderer_choice import check_tools_renderer, choose_renderer
-from prime_async.orchestrator.gateway import Gateway
-from prime_async.orchestrator.types import Episode
+from prime_async.engine_api import EngineClient, SamplingParams
+from prime_async.rollouts import inprocess_harness, inprocess_tools, prompt_limit
+from prime_async.rollouts.gateway import Gateway
+from prime_async.rollouts.renderer_choice import check_tools_renderer, choose_renderer
+from prime_async.rollouts.tasks import LazyTasks
+from prime_async.rollouts.types import Episode
 from prime_async.utils import pydantic_speedups
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def _quiet_library_loggers() -> None:
 
 def _runner_harness(env_cfg: EnvBaseConfig) -> dict[str, Any]:
     if env_cfg.runner == "inprocess":
-        from prime_async.orchestrator.envs import inprocess_harness
+        from prime_async.rollouts import inprocess_harness
 
         return {"id": inprocess_harness.register()}
     return {"id": "null"}
@@ -198,7 +198,7 @@ class VerifiersRolloutSource:
         )  # fmt: skip
 
     async def _start_env_server(self, config: Any) -> None:
-        from prime_async.orchestrator.envs.env_server import EnvServerRunner
+        from prime_async.rollouts.env_server import EnvServerRunner
 
         self._env_server = EnvServerRunner()
         try:
@@ -263,7 +263,7 @@ class VerifiersRolloutSource:
         trained seat trace (a list, as the `RolloutSource` protocol allows)."""
         import verifiers.v1 as vf
 
-        from prime_async.orchestrator.envs.episode import build_episodes
+        from prime_async.rollouts.episode import build_episodes
 
         self._check_serving()
         task = self._tasks[example_id]  # IndexError: a bug of the caller (ids come from the DataSource)

@@ -29,13 +29,20 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any
+from typing import Any, Protocol
 
-from prime_async.inference.client import HttpEngineClient
-from prime_async.inference.types import GenerateResult
+from prime_async.engine_api import EngineClient, GenerateResult
 from prime_async.types import EnginePauseMode
 
 logger = logging.getLogger(__name__)
+
+
+class WrappedEngine(EngineClient, Protocol):
+    """The engine client a `LoraEngineClient` wraps (`inference/client.py`'s `HttpEngineClient`)."""
+
+    async def model_info(self) -> dict[str, Any]: ...
+
+    async def aclose(self) -> None: ...
 
 
 def adapter_name(version: int) -> str:
@@ -46,7 +53,7 @@ def adapter_name(version: int) -> str:
 class LoraEngineClient:
     """One engine serving a base model plus per-version LoRA adapters."""
 
-    def __init__(self, inner: HttpEngineClient):
+    def __init__(self, inner: WrappedEngine):
         self.inner = inner
         self.base_url = inner.base_url
         self._current: int | None = None  # version new requests run at; None: ask the engine first
@@ -121,9 +128,3 @@ class LoraEngineClient:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-
-def engine_clients(urls: list[str], api_key: str | None, *, lora: bool) -> list[Any]:
-    """One client per engine URL: LoRA-aware when the run trains adapters."""
-    clients = [HttpEngineClient(url, api_key) for url in urls]
-    return [LoraEngineClient(c) for c in clients] if lora else clients

@@ -5,7 +5,7 @@
                      broadcasts/step_n/ (+ STABLE)                                  ──► Published(n)
         distributed: state kept in memory (the newest `snapshots_to_keep`), on disk only at
                      checkpoint steps and the last step (restarts load from there) ──► Published(n, buckets)
-    control thread (transport/control.py), on the orchestrator's requests:
+    control thread (weights/control.py), on the orchestrator's requests:
         JoinGroup   ──► join the weight group as rank 0 (leaving an older one), reply done
         SendWeights ──► ack (version held) or refuse; broadcast every bucket in order; reply done
 
@@ -33,16 +33,8 @@ import torch
 import torch.distributed as dist
 
 from prime_async.config.trainer import TrainerConfig
-from prime_async.trainer.weights import WeightPublisher
-from prime_async.transport.control import (
-    VERSION_GONE,
-    ControlClient,
-    JoinGroup,
-    Published,
-    Reply,
-    SendWeights,
-)
-from prime_async.weight_group import (
+from prime_async.weights.control import VERSION_GONE, ControlClient, JoinGroup, Published, Reply, SendWeights
+from prime_async.weights.process_group import (
     TensorMeta,
     join_weight_group,
     leave_weight_group,
@@ -51,6 +43,7 @@ from prime_async.weight_group import (
     resolve_backend,
     send_bucket,
 )
+from prime_async.weights.publish import WeightPublisher
 
 logger = logging.getLogger(__name__)
 

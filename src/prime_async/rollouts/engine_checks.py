@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prime_async.inference.types import EngineClient
+from prime_async.engine_api import EngineClient
 
 
 async def wait_for_engines(engines: Sequence[EngineClient], *, timeout_s: float) -> None:

@@ -6,7 +6,7 @@ forwards each call to SGLang's native `/generate` on one engine (through `Engine
             ◄── vLLM-shaped answer (choices[0].token_ids / logprobs.content / finish_reason) ──┘
             └── records (prompt_ids, output_ids, logprobs, versions) on the episode's session
 
-Who calls it: `orchestrator/envs/source.py` opens one `GatewaySession` per episode and hands its `key` to
+Who calls it: `rollouts/source.py` opens one `GatewaySession` per episode and hands its `key` to
 verifiers as the model name; `close_session` forgets it.
 
 Invariants:
@@ -41,9 +41,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from prime_async.inference.types import EngineClient, EngineUnavailable, GenerateResult, SamplingParams
-from prime_async.orchestrator.request_gate import RequestGate
-from prime_async.orchestrator.schedule import call_seed
+from prime_async.engine_api import EngineClient, EngineUnavailable, GenerateResult, SamplingParams
+from prime_async.rollouts.seeds import call_seed
+from prime_async.weights.request_gate import RequestGate
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from prime_async.broadcasts import (
+from prime_async.weights.broadcasts import (
+    ADAPTER_WEIGHTS,
     STABLE,
     broadcasts_root,
     install_version,
@@ -104,8 +105,6 @@ class WeightPublisher:
         self, config, tensors: dict[str, torch.Tensor], version: int, *, protected: Iterable[int] = ()
     ) -> Path:
         """Write version `version` as a PEFT adapter directory (rank 0 only), then prune."""
-        from prime_async.trainer.lora import write_adapter
-
         tmp = self.root / f".tmp_step_{version}"
         shutil.rmtree(tmp, ignore_errors=True)
         write_adapter(tmp, config, tensors)
@@ -124,3 +123,10 @@ class WeightPublisher:
         for v in removed:
             remove_version(self.root, v)
         return removed
+
+
+def write_adapter(directory: Path, config, tensors: dict[str, torch.Tensor]) -> None:
+    """Write `adapter_config.json` + `adapter_model.safetensors` (PEFT's layout) into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(str(directory))
+    save_file(tensors, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})

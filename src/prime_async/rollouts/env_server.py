@@ -4,7 +4,7 @@
         └── Env.run_episode there (null harness program in the subprocess runtime)
               ──POST /inference/v1/generate──► our Gateway (in the orchestrator process)
 
-Who calls it: `orchestrator/envs/source.py`, only for that runner. The server is one spawned process running
+Who calls it: `rollouts/source.py`, only for that runner. The server is one spawned process running
 `verifiers.v1.serve.serve_env(max_workers=1)` on a loopback port picked by the OS.
 
 Invariants: the server process is started by `start()` and terminated by `stop()` (SIGTERM, then kill

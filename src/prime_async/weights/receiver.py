@@ -19,7 +19,12 @@ import logging
 import torch
 import torch.distributed as dist
 
-from prime_async.weight_group import TensorMeta, join_weight_group, leave_weight_group, receive_bucket
+from prime_async.weights.process_group import (
+    TensorMeta,
+    join_weight_group,
+    leave_weight_group,
+    receive_bucket,
+)
 
 logger = logging.getLogger(__name__)
 

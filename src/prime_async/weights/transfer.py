@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prime_async.config.shared import WeightTransferConfig
-from prime_async.orchestrator.weight_watcher import VersionGone
-from prime_async.transport.control import (
+from prime_async.weights.control import (
     VERSION_GONE,
     ControlServer,
     JoinGroup,
@@ -39,7 +38,8 @@ from prime_async.transport.control import (
     Refused,
     SendWeights,
 )
-from prime_async.weight_group import TensorMeta
+from prime_async.weights.process_group import TensorMeta
+from prime_async.weights.watcher import VersionGone
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@
            wait until no episode is in flight
         3. /update_weights_from_disk(step_N, weight_version=N) on every engine
            (flush_cache=True, except in_place: SGLang refuses to flush with paused requests), or with a
-           `WeightLoader` (weights.transport = "distributed", `weight_transfer.py`) its `load`
+           `WeightLoader` (weights.transport = "distributed", `transfer.py`) its `load`
         4. served_version = N (admission re-checks), resume (/continue_generation or release admission)
         5. in_place only: new engine requests are held at the gateway's request gate from before the
            pause until the requests that were running finish; then /flush_cache on every engine and the
@@ -21,7 +21,7 @@ Eval pin (`pin`, an asyncio.Lock): a shared-placement eval (`eval/in_run.py`) ho
 run and every update takes it first (`update_to`), so an update waits for the running eval and an eval
 never spans two versions; the version to load is re-checked once the lock is held.
 
-Deterministic runs (`schedule`, `schedule.py`): versions are loaded one by one (served + 1, never
+Deterministic runs (`schedule`, `orchestrator/schedule.py`): versions are loaded one by one (served + 1, never
 skipping one), each only once every group scheduled for an older version was dispatched
 (`schedule.wait_loadable`), with `drain` (the orchestrator forces it), so no group sees two versions.
 
@@ -47,13 +47,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from prime_async.broadcasts import latest_stable, version_dir
-from prime_async.inference.types import EngineClient, EngineUnavailable
-from prime_async.orchestrator.admission import AdmissionController
-from prime_async.orchestrator.request_gate import RequestGate
-from prime_async.orchestrator.schedule import DeterministicSchedule
+from prime_async.engine_api import EngineClient, EngineUnavailable
 from prime_async.types import PauseMode
 from prime_async.utils.stall import StallWatch, waiting
+from prime_async.weights.broadcasts import latest_stable, version_dir
+from prime_async.weights.request_gate import RequestGate
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +94,25 @@ class WeightLoader(Protocol):
     def engines_restarted(self) -> None: ...
 
 
+class Admission(Protocol):
+    """The part of the orchestrator's admission (`orchestrator/admission.py`) the watcher drives: the
+    served version new groups are stamped with, and holds while engines are paused or down."""
+
+    served_version: int
+
+    def set_served_version(self, version: int) -> None: ...
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class LoadSchedule(Protocol):
+    """Deterministic runs (`orchestrator/schedule.py`): when version `version` may be loaded."""
+
+    async def wait_loadable(self, version: int) -> None: ...
+
+
 class Drainable(Protocol):
     """The part of the group table (`groups.py`) the watcher uses."""
 
@@ -115,14 +132,14 @@ class WeightWatcher:
         *,
         engines: Sequence[EngineClient],
         broadcasts: Broadcasts,
-        admission: AdmissionController,
+        admission: Admission,
         groups: Drainable,
         pause_mode: PauseMode,
         update_weights_interval: int,
         poll_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
         request_gate: RequestGate | None = None,
-        schedule: DeterministicSchedule | None = None,
+        schedule: LoadSchedule | None = None,
         loader: WeightLoader | None = None,
         stalls: StallWatch | None = None,
     ):

@@ -35,7 +35,7 @@ import zmq
 import zmq.asyncio
 
 from prime_async.transport.wire import WireError
-from prime_async.weight_group import TensorMeta
+from prime_async.weights.process_group import TensorMeta
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
     output_dir/broadcasts/step_<N>/   model.safetensors, config.json, tokenizer files, STABLE (written last)
                                       (LoRA runs: adapter_config.json, adapter_model.safetensors, STABLE)
 
-Writers: `trainer/weights.py` (publish, prune). Readers: `orchestrator/weight_watcher.py` (newest STABLE
+Writers: `weights/publish.py` (publish, prune). Readers: `weights/watcher.py` (newest STABLE
 version to load), `launcher/restart.py` (version to restart inference with, history to discard on a
 rollback).
 

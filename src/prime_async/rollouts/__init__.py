@@ -11,6 +11,6 @@
 Only `source.py` is imported by the rest of the orchestrator (through this package).
 """
 
-from prime_async.orchestrator.envs.source import VerifiersRolloutSource, build_rollout_source
+from prime_async.rollouts.source import VerifiersRolloutSource, build_rollout_source
 
 __all__ = ["VerifiersRolloutSource", "build_rollout_source"]

@@ -22,11 +22,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prime_async.broadcasts import broadcasts_root, is_stable, latest_stable, version_dir
 from prime_async.config.eval import EvalConfig
 from prime_async.config.inference import InferenceConfig
 from prime_async.eval.episodes import Decode, EvalEnv, evaluate
 from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
+from prime_async.launcher.identity import free_ports
+from prime_async.launcher.process import Component
+from prime_async.launcher.rl import ensure_model, script_command
+from prime_async.weights.broadcasts import broadcasts_root, is_stable, latest_stable, version_dir
 
 if TYPE_CHECKING:
     from prime_async.utils.monitor import Monitor
@@ -68,10 +71,6 @@ def _start_engine(cfg: EvalConfig, stack: contextlib.ExitStack) -> str:
     """Start the embedded engine as a child process; its URL. `stack` stops it."""
     import tomli_w
 
-    from prime_async.launcher.identity import free_ports
-    from prime_async.launcher.process import Component
-    from prime_async.launcher.rl import script_command
-
     port = cfg.inference.port or free_ports("127.0.0.1", 1)
     engine_cfg = embedded_engine_config(cfg, port)
     path = Path(cfg.output_dir) / "configs" / "eval_inference.toml"
@@ -91,8 +90,6 @@ def _start_engine(cfg: EvalConfig, stack: contextlib.ExitStack) -> str:
 
 def run(cfg: EvalConfig) -> None:
     """Evaluate every version of `versions_to_evaluate(cfg)`; prints one line per version and env."""
-    from prime_async.launcher.rl import ensure_model
-
     versions = versions_to_evaluate(cfg)  # bad weights fail before any process starts
     ensure_model(cfg)
     with contextlib.ExitStack() as stack:
@@ -102,8 +99,8 @@ def run(cfg: EvalConfig) -> None:
 
 async def _evaluate_versions(cfg: EvalConfig, urls: list[str], versions: list[tuple[int, Path | None]]):
     from prime_async.inference.client import HttpEngineClient
-    from prime_async.orchestrator.engine_checks import wait_for_engines
-    from prime_async.orchestrator.wiring import build_sources
+    from prime_async.rollouts.engine_checks import wait_for_engines
+    from prime_async.rollouts.sources import build_sources
     from prime_async.utils.monitor import Monitor
 
     engines = [HttpEngineClient(url, cfg.inference.api_key) for url in urls]
@@ -111,7 +108,7 @@ async def _evaluate_versions(cfg: EvalConfig, urls: list[str], versions: list[tu
                       config=cfg.model_dump(mode="json"))  # fmt: skip
     try:
         await wait_for_engines(engines, timeout_s=cfg.inference.startup_timeout_s)
-        sources = build_sources(cfg, list(cfg.envs), engines)  # type: ignore[arg-type]
+        sources = build_sources(list(cfg.envs), engines, model_path=cfg.model.path, seq_len=cfg.seq_len)
         async with contextlib.AsyncExitStack() as stack:
             for source in sources.values():
                 await stack.enter_async_context(source)

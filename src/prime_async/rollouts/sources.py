@@ -1,0 +1,35 @@
+"""Rollout sources from env configs, and their metrics: shared by training (`orchestrator/`) and eval.
+
+Invariant: the env metrics of all sources are summed under `env/episodes/<status>`, `env/errors/<kind>`,
+`env/gateway_requests`, and also reported per env as `env/<name>/episodes/<status>` and
+`env/<name>/errors/<kind>`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prime_async.engine_api import EngineClient
+
+
+def build_sources(
+    envs: list[Any], engines: list[EngineClient], *, model_path: str, seq_len: int
+) -> dict[str, Any]:
+    """An unstarted verifiers rollout source per env config of `envs`, keyed by env name."""
+    from prime_async.rollouts.source import build_rollout_source
+
+    return {
+        env.label: build_rollout_source(env_cfg=env, engines=engines, model_path=model_path, seq_len=seq_len)
+        for env in envs
+    }
+
+
+def source_metrics(sources: dict[str, Any]) -> dict[str, float]:
+    """Env metrics of every source, summed and per env (module docstring)."""
+    out: dict[str, float] = {}
+    for name, source in sources.items():
+        for key, value in source.metrics().items():
+            out[key] = out.get(key, 0.0) + value
+            if key.startswith(("env/episodes/", "env/errors/")):
+                out[f"env/{name}/{key.removeprefix('env/')}"] = value
+    return out

@@ -1,0 +1,72 @@
+"""Data types of running episodes: `Episode`, its `PolicySpan`, and the `RolloutSource` protocol.
+Dataclasses and protocols only, no logic.
+
+Invariants (enforced by the code that builds them, stated here so all agree):
+- an episode's `span.start` is the weight version served when its group was dispatched and `span.end`
+  the version live when it finished, so `span.end >= span.start`;
+- `token_ids`, `loss_mask`, `sampler_logprobs`, `token_versions` of an episode have equal length;
+- an `Episode` is one trained trajectory: a multi-agent verifiers episode gives one per trained seat
+  trace, each with its `seat` name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from prime_async.engine_api import SamplingParams
+
+EpisodeStatus = Literal["ok", "error", "aborted", "cancelled"]
+
+
+@dataclass(frozen=True)
+class PolicySpan:
+    """Versions a rollout was generated under: first (`start`) to last (`end`)."""
+
+    start: int
+    end: int
+
+
+@dataclass
+class Episode:
+    """One rollout: the full token sequence (prompt + completion turns) with per-token RL data."""
+
+    example_id: int
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[bool] = field(default_factory=list)
+    sampler_logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+    reward: float | None = None
+    span: PolicySpan | None = None
+    status: EpisodeStatus = "ok"
+    error: str | None = None
+    truncated: bool = False
+    overlong: bool = False  # reached seq_len (the gateway clamped a turn, or the episode was cut to it)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    seat: str = "agent"
+    """The verifiers agent seat (config field name) whose trace this is; "agent" for single-agent envs."""
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+class RolloutSource(Protocol):
+    """Runs single episodes of an environment against inference. Implemented with verifiers
+    (`orchestrator/envs/source.py`) in production and by in-process fakes in tests.
+
+    `run_episode` returns one `Episode`, or a list of them when the environment's episode trains
+    several trajectories (one per seat of a multi-agent env); `num_examples` is None for an infinite
+    (streamed) taskset, whose example ids are then 0, 1, 2, ... in draw order.
+
+    `run_episode` never raises for environment faults: it returns an Episode with status "error"
+    and `error` set. It raises `asyncio.CancelledError` when cancelled (the dispatcher's cancel path).
+    `engine_key` lets the gateway keep every turn of one episode on one engine (sticky routing).
+    """
+
+    @property
+    def num_examples(self) -> int | None: ...
+
+    async def run_episode(
+        self, *, example_id: int, engine_key: str, sampling: SamplingParams
+    ) -> Episode | list[Episode]: ...
