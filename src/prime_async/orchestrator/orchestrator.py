@@ -355,7 +355,7 @@ async def _run(cfg: OrchestratorConfig) -> None:
     from prime_async.orchestrator import wiring
     from prime_async.transport.zmq_batches import BatchSender
     from prime_async.utils.monitor import Monitor
-    from prime_async.weights.lora_client import engine_clients
+    from prime_async.inference.client import engine_clients
     from prime_async.weights.transfer import build_control
 
     engines = engine_clients(cfg.inference.base_urls, cfg.inference.api_key, lora=cfg.lora is not None)

@@ -72,7 +72,7 @@ async def start_in_run_eval(
     ecfg = cfg.eval
     if not ecfg.enabled:
         return None
-    from prime_async.weights.lora_client import engine_clients
+    from prime_async.inference.client import engine_clients
 
     eval_engines: list[EngineClient] = engines
     if ecfg.placement != "shared":
