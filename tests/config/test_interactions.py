@@ -27,7 +27,7 @@ def test_lora_adapter_slots_follow_k_by_default() -> None:
     cfg = load_config(RLConfig, [*LORA, "--orchestrator.max-off-policy-steps", "8"])
     assert cfg.inference.max_loaded_loras == lora_slots_needed(8, 1) == 10
     cfg = load_config(RLConfig, [*LORA, "--orchestrator.max-off-policy-steps", "8",
-                                 "--orchestrator.update-weights-interval", "3"])  # fmt: skip
+                                 "--weights.update-interval", "3"])  # fmt: skip
     assert cfg.inference.max_loaded_loras == 8 // 3 + 2
     assert load_config(RLConfig, []).inference.max_loaded_loras == 4, "no lora: the engine's default"
     cfg = load_config(RLConfig, [*LORA, "--orchestrator.max-off-policy-steps", "1",

@@ -1,5 +1,5 @@
 """Config of the environment mix, of eval while training and of dedicated eval engines under `rl`:
-`[env]` is `envs = [env]`, names are unique and metric-safe, per-env sampling keeps the run's
+`[env]` is the loader's shorthand for `envs = [env]`, names are unique and metric-safe, per-env sampling keeps the run's
 temperature, eval placements need (or refuse) eval URLs, `[eval_inference]` propagates like the other
 sections and the sub-config files `rl` writes reload into the same configs."""
 
@@ -19,11 +19,24 @@ ROOT = Path(__file__).resolve().parents[2]
 EVAL_ENV = {"id": "reverse-text", "num_examples": 4}
 
 
-def test_one_env_table_is_a_list_of_one_and_the_default_is_reverse_text() -> None:
-    cfg = OrchestratorConfig(env={"id": "calculator", "ratio": 2})
-    assert cfg.env is None and [(e.label, e.ratio) for e in cfg.envs] == [("calculator", 2.0)]
+def test_one_env_table_is_a_list_of_one_and_the_default_is_reverse_text(tmp_path: Path) -> None:
+    path = tmp_path / "o.toml"
+    path.write_text('[env]\nid = "calculator"\nratio = 2\n')
+    cfg = load_config(OrchestratorConfig, ["@", str(path)])
+    assert [(e.label, e.ratio) for e in cfg.envs] == [("calculator", 2.0)]
+    assert "env" not in OrchestratorConfig.model_fields  # one form in the schema: the loader's shorthand
     assert OrchestratorConfig.model_validate(cfg.model_dump()) == cfg  # the dump reloads into the same
     assert [e.label for e in OrchestratorConfig().envs] == ["reverse-text"]
+    rl = tmp_path / "rl.toml"
+    rl.write_text('[orchestrator.env]\nid = "calculator"\n')
+    assert [e.label for e in load_config(RLConfig, ["@", str(rl)]).orchestrator.envs] == ["calculator"]
+
+
+def test_env_and_envs_together_name_both(tmp_path: Path) -> None:
+    path = tmp_path / "o.toml"
+    path.write_text('[env]\nid = "a"\n\n[[envs]]\nid = "b"\n')
+    with pytest.raises(ConfigError, match="env and envs: give one item as `env` or a list as `envs`"):
+        load_config(OrchestratorConfig, ["@", str(path)])
 
 
 def test_a_flag_on_env_still_edits_a_file_with_env(tmp_path: Path) -> None:
@@ -36,7 +49,6 @@ def test_a_flag_on_env_still_edits_a_file_with_env(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"env": {"id": "a"}, "envs": [{"id": "b"}]}, "give one training environment as `env` or a list"),
         ({"envs": [{"id": "a"}, {"id": "a"}]}, r"envs\[1\].name: 'a' is used twice"),
         ({"envs": [{"id": "a", "name": "x/y"}]}, "an environment name must start with a letter"),
         ({"envs": [{"id": "seat"}]}, "not be one of"),

@@ -188,12 +188,12 @@ def test_invalid_sub_value_is_reported_by_validation_not_as_conflict() -> None:
 
 
 def test_sub_validators_see_propagated_values() -> None:
-    # orchestrator rejects update_weights_interval > K + 1; K itself is set in the orchestrator section
+    # orchestrator rejects weights.update_interval > K + 1; K itself is set in the orchestrator section
     assert load_error(
-        ["--orchestrator.max-off-policy-steps", "0", "--orchestrator.update-weights-interval", "2"]
-    ) == (
-        "orchestrator: update_weights_interval (2) > max_off_policy_steps + 1 (1): admission would wait "
-        "for a version never loaded; lower update_weights_interval or raise max_off_policy_steps"
+        ["--orchestrator.max-off-policy-steps", "0", "--weights.update-interval", "2"]
+    ).endswith(
+        "orchestrator: weights.update_interval (2) > max_off_policy_steps + 1 (1): admission would wait "
+        "for a version never loaded; lower weights.update_interval or raise max_off_policy_steps"
     )
 
 
@@ -278,3 +278,10 @@ def test_deterministic_reaches_every_component_and_needs_the_newest_k_plus_1_bro
     assert "trainer.weights.keep_last (3) must be >= orchestrator.max_off_policy_steps + 1 (4)" in error
     error = load_error(["--deterministic", "true", "--orchestrator.deterministic", "false", *k2])
     assert "orchestrator.deterministic = False conflicts with deterministic = True" in error
+
+
+def test_weight_update_keys_moved_to_the_weights_section_are_named() -> None:
+    message = load_error(["--orchestrator.pause-mode", "drain"])
+    assert "did you mean 'weights.pause_mode'" in message, message
+    with pytest.raises(ValidationError, match=r"update_weights_interval moved to weights\.update_interval"):
+        OrchestratorConfig(update_weights_interval=2)

@@ -38,7 +38,7 @@ def test_rl_on_real_sglang(tiny_model_dir: Path, tmp_path: Path, pause_mode: str
         sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
         "@", str(ROOT / "configs/tiny/rl_sglang_cpu.toml"), "--output-dir", str(out),
         "--model.path", str(tiny_model_dir), "--max-steps", "3", "--inference.sglang.python", sys.executable,
-        "--inference.server.port", "0", "--transport.port", "0", "--orchestrator.pause-mode", pause_mode,
+        "--inference.server.port", "0", "--transport.port", "0", "--weights.pause-mode", pause_mode,
         "--orchestrator.env.id", env_id,
     ]  # fmt: skip
     env = {

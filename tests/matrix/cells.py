@@ -73,8 +73,7 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
     envs = [ENVS[cell["env"]]] + ([MIX_PARTNER] if cell["envs"] == "mix" else [])
     orchestrator: dict[str, Any] = {
         "batch_groups": 2, "group_size": 2, "max_off_policy_steps": k,
-        "max_buffered_groups": 2 * min(k + 1, 2), "pause_mode": cell["pause_mode"],
-        "update_weights_interval": cell["interval"], "submission_granularity": cell["granularity"],
+        "max_buffered_groups": 2 * min(k + 1, 2), "submission_granularity": cell["granularity"],
         "sampling": {"max_tokens": 8}, "envs": envs,
     }  # fmt: skip
     cfg: dict[str, Any] = {
@@ -89,7 +88,12 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
         "trainer": {"optim": {"lr": 1e-4}, "num_processes": cell["trainer_procs"]},
         "deterministic": cell["deterministic"] == "on",
         # 0: rl picks a free rendezvous port, so two cells running at once never meet on the default one
-        "weights": {"transport": cell["weights"], "master_port": 0},
+        "weights": {
+            "transport": cell["weights"],
+            "master_port": 0,
+            "pause_mode": cell["pause_mode"],
+            "update_interval": cell["interval"],
+        },
     }
     if cell["lora"] == "on":
         cfg["lora"] = {"rank": 4, "alpha": 8.0}

@@ -81,7 +81,7 @@ KEY_WORDS = {
     "env": ("envs", "env"), "kill": ("restart.max_restarts", "max_restarts"),
     "k": ("max_off_policy_steps",), "pause_mode": ("pause_mode",), "eval": ("eval",),
     "weights": ("weights.transport",), "lora": ("lora",), "envs": ("envs",),
-    "deterministic": ("deterministic",), "interval": ("update_weights_interval",),
+    "deterministic": ("deterministic",), "interval": ("weights.update_interval", "update_interval"),
     "granularity": ("submission_granularity",), "trainer_procs": ("num_processes",),
 }  # fmt: skip
 

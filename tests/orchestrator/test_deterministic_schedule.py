@@ -49,8 +49,7 @@ def test_seeds_are_stable_across_processes_and_distinct():
     """Seeds are a hash of the episode's identity, not Python's per-process `hash` (PYTHONHASHSEED)."""
     here = episode_seed(7, "reverse-text", 3, 0, 1)
     code = (
-        "from prime_async.orchestrator.schedule import episode_seed; "
-        "print(episode_seed(7, 'reverse-text', 3, 0, 1))"
+        "from prime_async.rollouts.seeds import episode_seed; print(episode_seed(7, 'reverse-text', 3, 0, 1))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -150,8 +149,8 @@ def test_batches_do_not_depend_on_timing_or_caps(k, seed, latency, train_time, b
 
 
 def test_config_rules():
-    with pytest.raises(ValueError, match="update_weights_interval must be 1"):
-        OrchestratorConfig(deterministic=True, max_off_policy_steps=2, update_weights_interval=2)
+    with pytest.raises(ValueError, match=r"weights\.update_interval must be 1"):
+        OrchestratorConfig(deterministic=True, max_off_policy_steps=2, weights={"update_interval": 2})
     with pytest.raises(ValueError, match=r"remove sink\.import_path"):
         OrchestratorConfig(deterministic=True, sink={"import_path": "x:Y"})
 

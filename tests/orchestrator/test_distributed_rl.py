@@ -44,7 +44,7 @@ def test_rl_distributed_in_flight_updates(pause_mode: str, tiny_model_dir: Path,
     # 6 steps: step 5's batch needs version >= 3 (staleness <= K), so two loads happen whatever the timing
     out, steps, k = tmp_path / "run", 6, 2
     run_rl(
-        out, tiny_model_dir, "--orchestrator.pause-mode", pause_mode, "--orchestrator.max-off-policy-steps",
+        out, tiny_model_dir, "--weights.pause-mode", pause_mode, "--orchestrator.max-off-policy-steps",
         str(k), "--orchestrator.max-buffered-groups", "4", "--orchestrator.sampling.max-tokens", "128",
         steps=steps,
     )  # fmt: skip

@@ -92,7 +92,7 @@ def test_next_turn_after_in_place_update_never_reuses_old_prefix_kv() -> None:
                                         granularity="group")  # fmt: skip
         watcher = WeightWatcher(
             engines=[engine], broadcasts=None, admission=admission, groups=groups,
-            pause_mode="in_place", update_weights_interval=1, poll_interval_s=1.0, request_gate=gateway.gate,
+            pause_mode="in_place", update_interval=1, poll_interval_s=1.0, request_gate=gateway.gate,
         )  # fmt: skip
         a = gateway.open_session(engine_key="0")
         b = gateway.open_session(engine_key="0")
@@ -133,7 +133,7 @@ def test_shared_eval_gateways_pass_the_watchers_one_gate() -> None:
                                         granularity="group")  # fmt: skip
         watcher = WeightWatcher(
             engines=[engine], broadcasts=type("B", (), {"path": staticmethod(lambda v: f"/b/step_{v}")})(),
-            admission=admission, groups=groups, pause_mode="in_place", update_weights_interval=1,
+            admission=admission, groups=groups, pause_mode="in_place", update_interval=1,
             poll_interval_s=1.0, request_gate=wiring.shared_request_gate([train]),
         )  # fmt: skip
         wiring.attach_gateways([train], watcher)

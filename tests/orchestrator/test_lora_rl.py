@@ -54,7 +54,7 @@ def check_steps(out: Path, steps: range) -> list[dict]:
 @pytest.mark.parametrize("pause_mode", ["retract", "in_place", "drain"])
 def test_lora_rl_in_flight_adapter_updates(pause_mode: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     out, steps = tmp_path / "run", 4
-    run_rl(out, tiny_model_dir, "--max-steps", str(steps), "--orchestrator.pause-mode", pause_mode)
+    run_rl(out, tiny_model_dir, "--max-steps", str(steps), "--weights.pause-mode", pause_mode)
     orch = check_steps(out, range(steps))
     # the watcher loads the newest published version: on a loaded machine (and in drain, which waits until
     # nothing is in flight) the trainer may be two versions ahead, so one update can reach served >= 2

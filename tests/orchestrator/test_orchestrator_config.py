@@ -30,9 +30,9 @@ def test_buffer_below_batch_is_rejected_naming_the_key():
 
 
 def test_interval_beyond_k_is_rejected():
-    with pytest.raises(ValidationError, match="update_weights_interval"):
-        OrchestratorConfig(max_off_policy_steps=1, update_weights_interval=3)
-    OrchestratorConfig(max_off_policy_steps=1, update_weights_interval=2)
+    with pytest.raises(ValidationError, match=r"weights\.update_interval"):
+        OrchestratorConfig(max_off_policy_steps=1, weights={"update_interval": 3})
+    OrchestratorConfig(max_off_policy_steps=1, weights={"update_interval": 2})
 
 
 def test_k_below_buffer_depth_warns(caplog):

@@ -55,7 +55,7 @@ def make(mode: str, *, interval: int = 1, num_engines: int = 2, broadcasts=None)
     dispatcher = FakeGroups(log)
     watcher = WeightWatcher(
         engines=engines, broadcasts=broadcasts or Broadcasts(), admission=admission, groups=dispatcher,
-        pause_mode=mode, update_weights_interval=interval, poll_interval_s=0.5,
+        pause_mode=mode, update_interval=interval, poll_interval_s=0.5,
     )  # fmt: skip
     return watcher, engines, admission, dispatcher, log
 

@@ -120,7 +120,7 @@ def run_rl(
         sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
         "--output-dir", str(run.out), "--model.path", str(model_dir),
         "--max-steps", str(run.steps), "--inference.server.port", str(free_port()),
-        "--transport.port", str(free_port()), "--orchestrator.pause-mode", run.pause_mode,
+        "--transport.port", str(free_port()), "--weights.pause-mode", run.pause_mode,
         "--orchestrator.max-off-policy-steps", str(run.k),
         "--orchestrator.max-buffered-groups", str(run.max_buffered_groups),
         "--restart.max-restarts", "1", "--restart.backoff-s", "0.5", "--orchestrator.unused-handler", "retry",

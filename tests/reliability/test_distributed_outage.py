@@ -39,7 +39,7 @@ def test_outage_rejoins_and_resends_the_served_version(mode: str, monkeypatch) -
     engine.up = True
     watcher = ww.WeightWatcher(
         engines=[engine], broadcasts=None, admission=admission, groups=FakeDispatcher(), pause_mode=mode,
-        update_weights_interval=1, poll_interval_s=60.0, loader=loader,
+        update_interval=1, poll_interval_s=60.0, loader=loader,
     )  # type: ignore[arg-type]  # fmt: skip
 
     async def main() -> None:

@@ -86,7 +86,7 @@ class Broadcasts:
 def _watcher(engine: FakeEngine, admission: FakeAdmission, latest: int | None, mode: str) -> ww.WeightWatcher:
     return ww.WeightWatcher(
         engines=[engine], broadcasts=Broadcasts(latest), admission=admission, groups=FakeDispatcher(),
-        pause_mode=mode, update_weights_interval=1, poll_interval_s=0.01,
+        pause_mode=mode, update_interval=1, poll_interval_s=0.01,
     )  # type: ignore[arg-type]  # fmt: skip
 
 

@@ -88,6 +88,15 @@ def _field_name(models: list[type[BaseModel]], segment: str) -> tuple[type[BaseM
     return None
 
 
+def _shorthand(models: list[type[BaseModel]], segment: str) -> tuple[str, Any] | None:
+    """`env` of a model whose `shorthands` say it is one item of `envs`: that item's annotation."""
+    for model in models:
+        target = getattr(model, "shorthands", {}).get(segment.replace("-", "_"))
+        if target is not None:
+            return segment.replace("-", "_"), item_annotation(model.model_fields[target].annotation)
+    return None
+
+
 def child_annotation(annotation: Any, segment: str) -> tuple[str, Any] | None:
     """One segment down from `annotation`: (normalized segment, its annotation), or None if not a key."""
     if annotation is FREE:
@@ -96,7 +105,7 @@ def child_annotation(annotation: Any, segment: str) -> tuple[str, Any] | None:
     if models:
         found = _field_name(models, segment)
         if found is None:
-            return None
+            return _shorthand(models, segment)
         model, name = found
         return name, model.model_fields[name].annotation
     for m in members(annotation):

@@ -25,16 +25,16 @@ if TYPE_CHECKING:
     from prime_async.config.rl import RLConfig
 
 
-def lora_slots_needed(max_off_policy_steps: int, update_weights_interval: int) -> int:
+def lora_slots_needed(max_off_policy_steps: int, update_interval: int) -> int:
     """Adapter slots an engine needs in a LoRA run.
 
     A request keeps the adapter of the version it started at through pauses (SGLang fixes it at creation,
     `retract` and `in_place` alike). When version v loads, groups dispatched before v - K were cancelled
     (they cannot ship), so running requests name loaded versions in [v - K, v - 1], spaced
-    `update_weights_interval` apart: at most K // interval of them besides v - 1... v itself makes
+    `weights.update_interval` apart: at most K // interval of them besides v - 1... v itself makes
     K // interval + 1 (`LoraEngineClient` unloads idle adapters before each load). One more slot covers
     the requests of cancelled groups that the engine is still finishing (an abort is asynchronous)."""
-    return max_off_policy_steps // update_weights_interval + 2
+    return max_off_policy_steps // update_interval + 2
 
 
 def derive_lora_slots(inference: dict[str, Any], lora: Any, *, k: int, interval: int) -> None:
@@ -127,7 +127,7 @@ def _check_lora(cfg: RLConfig) -> None:
             "lora with weights.transport = 'distributed': adapters travel as PEFT directories on the "
             "filesystem only; set weights.transport = 'filesystem'"
         )
-    needed = lora_slots_needed(orch.max_off_policy_steps, orch.update_weights_interval)
+    needed = lora_slots_needed(orch.max_off_policy_steps, orch.weights.update_interval)
     engines = [("inference", cfg.inference)]
     if cfg.eval_inference is not None:
         engines.append(("eval_inference", cfg.eval_inference))
@@ -136,7 +136,7 @@ def _check_lora(cfg: RLConfig) -> None:
             raise ValueError(
                 f"{section}.max_loaded_loras = {inference.max_loaded_loras} with lora and "
                 f"orchestrator.max_off_policy_steps = {orch.max_off_policy_steps}: requests keep their "
-                f"version's adapter through pauses, so up to K // update_weights_interval + 2 = {needed} "
+                f"version's adapter through pauses, so up to K // weights.update_interval + 2 = {needed} "
                 f"adapters are loaded at once; raise {section}.max_loaded_loras or leave it unset (rl "
                 "derives it from K)"
             )

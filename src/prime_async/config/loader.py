@@ -40,11 +40,11 @@ from prime_async.config.cli_schema import (
     model_members,
     resolve,
 )
+from prime_async.config.dicts import KeyPath, deep_merge, lookup
 
 __all__ = ["ConfigError", "dump_toml", "load_config", "parse_config"]
 
 T = TypeVar("T", bound=BaseModel)
-KeyPath = tuple[str, ...]
 
 EXIT_USAGE = 2
 
@@ -85,11 +85,29 @@ def build_config(cls: type[T], parsed: ParsedArgs) -> T:
         _apply(merged, provenance, data, leaves)
     for item in parsed.sets:
         _apply(merged, provenance, _nest(item.path, item.value), {item.path: item.flag})
+    expand_shorthands(cls, merged)
     fill_discriminators(cls, merged)
     try:
         return cls.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(cls, exc, provenance)) from None
+
+
+def expand_shorthands(cls: type[BaseModel], data: dict[str, Any]) -> None:
+    """Rewrite each shorthand key (`BaseConfig.shorthands`, e.g. `env`) to its list (`envs = [env]`), in
+    every section of `data`; giving both spellings is an error naming both."""
+    for short, target in getattr(cls, "shorthands", {}).items():
+        if short not in data:
+            continue
+        if data.get(target):
+            raise ConfigError(f"{short} and {target}: give one item as `{short}` or a list as `{target}`")
+        data[target] = [data.pop(short)]
+    for name, info in cls.model_fields.items():
+        value = data.get(name)
+        for sub in model_members(info.annotation) if isinstance(value, dict) else []:
+            if all(key in sub.model_fields or key in getattr(sub, "shorthands", {}) for key in value):
+                expand_shorthands(sub, value)
+                break
 
 
 def fill_discriminators(cls: type[BaseModel], data: dict[str, Any]) -> None:
@@ -157,33 +175,14 @@ def _nest(path: KeyPath, value: Any) -> dict[str, Any]:
 def _apply(
     merged: dict[str, Any], provenance: dict[KeyPath, str], data: dict[str, Any], leaves: dict[KeyPath, str]
 ) -> None:
-    deep_merge(merged, data)
+    merged.update(deep_merge(merged, data))
     for path in leaves:
-        _, value = _lookup(data, path)
+        _, value = lookup(data, path)
         if isinstance(value, dict):
             continue  # a table merges into what is there: the sources below it stay valid
         for old in [old for old in provenance if len(old) > len(path) and old[: len(path)] == path]:
             del provenance[old]  # a scalar or list replaced the whole subtree
     provenance.update(leaves)
-
-
-def _lookup(data: dict[str, Any], path: KeyPath) -> tuple[bool, Any]:
-    node: Any = data
-    for segment in path:
-        if not isinstance(node, dict) or segment not in node:
-            return False, None
-        node = node[segment]
-    return True, node
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Merge `override` into `base` in place: tables merge key by key, anything else replaces."""
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            deep_merge(base[key], value)
-        else:
-            base[key] = value
-    return base
 
 
 # -------------------------------------------------------------------------------------------- files

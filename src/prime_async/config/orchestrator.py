@@ -2,15 +2,15 @@
 
 Invariants checked at validation time (each error names the TOML key and the fix):
 - `max_buffered_groups >= batch_groups` (the buffer must hold at least one batch);
-- `update_weights_interval <= max_off_policy_steps + 1` (otherwise admission could wait for a version
+- `weights.update_interval <= max_off_policy_steps + 1` (otherwise admission could wait for a version
   that is never loaded: a deadlock);
 - a warning (not an error) when `max_off_policy_steps + 1 < ceil(max_buffered_groups / batch_groups)`: the
   buffer limit then produces groups older than K, which the sink drops every step;
-- the training environments are always the list `envs` after validation: `[env]` (one table) is
-  rewritten to `envs = [env]` before validation, giving both is an error, neither gives the default
-  environment; names are unique (in `envs` and in `eval.envs`);
+- the training environments are the list `envs` (the loader rewrites the one-table shorthand `[env]` to
+  `envs = [env]`, `shorthands`); none gives the default environment; names are unique (in `envs` and
+  in `eval.envs`);
 - `eval.placement = "shared"` takes no `eval.base_urls`; `dedicated` and `external` need them;
-- `deterministic = true` needs `update_weights_interval = 1` and the default sink (no `sink.import_path`);
+- `deterministic = true` needs `weights.update_interval = 1` and the default sink (no `sink.import_path`);
 - combinations of features that cannot train together are refused by `interactions.py` (one line, both keys).
 Derived defaults (`resolved_*` properties) follow DESIGN.md; this module never imports torch.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -35,11 +35,17 @@ from prime_async.config.shared import (
     ModelConfig,
     TransportConfig,
     WandbConfig,
-    WeightTransferConfig,
+    WeightsConfig,
 )
-from prime_async.types import PauseMode
 
 logger = logging.getLogger(__name__)
+
+
+MOVED_TO_WEIGHTS = {
+    "pause_mode": "pause_mode",
+    "update_weights_interval": "update_interval",
+    "weight_poll_interval_s": "poll_interval_s",
+}
 
 
 class InferenceClientConfig(BaseConfig):
@@ -168,6 +174,8 @@ class OrchestratorCkptConfig(BaseConfig):
 class OrchestratorConfig(BaseConfig):
     """Loads environments, dispatches groups, holds the train sink, streams batches, drives weight updates."""
 
+    shorthands: ClassVar[dict[str, str]] = {"env": "envs"}
+
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model (tokenizer for the env).")
     output_dir: Path = Field(
         DEFAULT_OUTPUT_DIR, description="Run directory: broadcasts/, checkpoints/, metrics/ live under it."
@@ -176,15 +184,13 @@ class OrchestratorConfig(BaseConfig):
     log: LogConfig = Field(default_factory=LogConfig, description="Console logging.")
     seq_len: int = Field(2048, ge=8, description="Max tokens of one micro-batch (and of one sample).")
     max_steps: int = Field(20, ge=1, description="Number of batches to produce (trainer steps).")
-    env: EnvConfig | None = Field(
-        None, description="One training environment: shorthand for `envs = [env]` (give one of the two)."
-    )
     envs: list[EnvConfig] = Field(
         default_factory=lambda: [EnvConfig()],
         min_length=1,
         description="Training environments (`[[orchestrator.envs]]`), mixed by `ratio` with a "
         "deterministic, resumable schedule (each env keeps its own data position). Default: one env "
-        "with every default (reverse-text).",
+        "with every default (reverse-text). Config files and flags may give one as `[env]` (the "
+        "loader's shorthand for `envs = [env]`).",
     )
     eval: OrchestratorEvalConfig = Field(
         default_factory=OrchestratorEvalConfig, description="Evaluation while training."
@@ -215,18 +221,9 @@ class OrchestratorConfig(BaseConfig):
         description="sample = each finished episode frees its own slot; group = the slot is held until the "
         "whole group returns.",
     )
-    pause_mode: PauseMode = Field(
-        "retract", description="How in-flight generation survives a weight update (see DESIGN.md)."
-    )
-    update_weights_interval: int = Field(1, ge=1, description="Trainer steps between weight updates.")
-    weight_poll_interval_s: float = Field(
-        1.0,
-        gt=0,
-        description="Fallback poll of the weight watcher for a new STABLE broadcast; the trainer's "
-        "`Published` event on the control channel wakes it at once.",
-    )
-    weights: WeightTransferConfig = Field(
-        default_factory=WeightTransferConfig, description="Weight transfer (same section as the trainer's)."
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig,
+        description="Weight updates: pause mode, interval, transport (the same section as the trainer's).",
     )
     max_dropped_groups_per_step: int | None = Field(
         None,
@@ -260,8 +257,8 @@ class OrchestratorConfig(BaseConfig):
         False,
         description="Bit-reproducible run: fixed dispatch schedule (the groups of batch n are dispatched "
         "when version max(0, n - K) is served, in order), batches composed by dispatch order, per-episode "
-        "sampling seeds from `seed` and the example, versions loaded one by one with `drain` (pause_mode "
-        "and sink.order are ignored). Costs throughput; `rl` sets it on every component.",
+        "sampling seeds from `seed` and the example, versions loaded one by one with `drain` "
+        "(weights.pause_mode and sink.order are ignored). Costs throughput; `rl` sets it on every component.",
     )
     run_id: str | None = Field(None, description=RUN_ID_DESCRIPTION)
     shuffle: bool = Field(True, description="Shuffle the examples every epoch (seeded).")
@@ -293,13 +290,15 @@ class OrchestratorConfig(BaseConfig):
 
     @model_validator(mode="before")
     @classmethod
-    def _env_as_list(cls, data: Any) -> Any:
-        """`[env]` is the one-element spelling of `envs`: rewritten before validation."""
-        if not isinstance(data, dict) or data.get("env") is None:
-            return data
-        if data.get("envs"):
-            raise ValueError("env and envs: give one training environment as `env` or a list as `envs`")
-        return {**{k: v for k, v in data.items() if k != "env"}, "envs": [data["env"]]}
+    def _refuse_moved_keys(cls, data: Any) -> Any:
+        """The weight-update keys moved into the `[weights]` section: name the new key, once."""
+        moved = {key: new for key, new in MOVED_TO_WEIGHTS.items() if isinstance(data, dict) and key in data}
+        if moved:
+            raise ValueError(
+                "; ".join(f"{key} moved to weights.{new}" for key, new in moved.items())
+                + " (the [weights] section holds every weight-update setting)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> OrchestratorConfig:
@@ -310,16 +309,16 @@ class OrchestratorConfig(BaseConfig):
                 f"max_buffered_groups ({buffered}) < batch_groups ({self.batch_groups}): set "
                 f"max_buffered_groups >= batch_groups (default 2 * batch_groups)"
             )
-        if self.update_weights_interval > self.max_off_policy_steps + 1:
+        if self.weights.update_interval > self.max_off_policy_steps + 1:
             raise ValueError(
-                f"update_weights_interval ({self.update_weights_interval}) > max_off_policy_steps + 1 "
+                f"weights.update_interval ({self.weights.update_interval}) > max_off_policy_steps + 1 "
                 f"({self.max_off_policy_steps + 1}): admission would wait for a version never loaded; lower "
-                "update_weights_interval or raise max_off_policy_steps"
+                "weights.update_interval or raise max_off_policy_steps"
             )
-        if self.deterministic and self.update_weights_interval != 1:
+        if self.deterministic and self.weights.update_interval != 1:
             raise ValueError(
-                f"deterministic = true loads every version in turn: update_weights_interval must be 1 "
-                f"(got {self.update_weights_interval})"
+                f"deterministic = true loads every version in turn: weights.update_interval must be 1 "
+                f"(got {self.weights.update_interval})"
             )
         if self.deterministic and self.sink.import_path is not None:
             raise ValueError(

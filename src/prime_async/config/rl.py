@@ -14,7 +14,7 @@ its final values):
  inference.server.host/port (+ sglang.num_engines)          ──► orchestrator.inference.base_urls
  inference.server.api_key                                   ──► orchestrator.inference.api_key
  inference.engine / sglang max_running_requests             ──► orchestrator.inference.max_running_requests
- orchestrator.max_off_policy_steps // update_weights_interval ──► inference.max_loaded_loras (with lora,
+ orchestrator.max_off_policy_steps // weights.update_interval ──► inference.max_loaded_loras (with lora,
      + 2 (`interactions.lora_slots_needed`)                       when unset; a smaller one is refused)
  orchestrator.max_off_policy_steps                          ──► trainer.max_off_policy_steps
  trainer.ckpt.interval                                      ──► orchestrator.ckpt.interval (if unset;
@@ -45,6 +45,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from prime_async.config.base import BaseConfig
+from prime_async.config.dicts import KeyPath, lookup, put
 from prime_async.config.inference import InferenceConfig
 from prime_async.config.interactions import (
     check_rl,
@@ -62,11 +63,10 @@ from prime_async.config.shared import (
     ModelConfig,
     TransportConfig,
     WandbConfig,
-    WeightTransferConfig,
+    WeightsConfig,
 )
 from prime_async.config.trainer import TrainerConfig
 
-KeyPath = tuple[str, ...]
 SUBSECTIONS: dict[str, type[BaseModel]] = {
     "inference": InferenceConfig,
     "orchestrator": OrchestratorConfig,
@@ -108,8 +108,8 @@ class RLConfig(BaseConfig):
     transport: TransportConfig = Field(
         default_factory=TransportConfig, description="ZeroMQ batch stream orchestrator -> trainer."
     )
-    weights: WeightTransferConfig = Field(
-        default_factory=WeightTransferConfig,
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig,
         description="Weight transfer trainer -> inference, copied into orchestrator.weights and "
         'trainer.weights (`weights.transport = "distributed"` for torch.distributed).',
     )
@@ -200,7 +200,7 @@ class RLConfig(BaseConfig):
                 if name in sub_cls.model_fields:
                     getattr(self, sub_name).__pydantic_fields_set__.discard(name)
         for sub_name in WEIGHT_TARGETS:
-            for name in WeightTransferConfig.model_fields:
+            for name in WeightsConfig.model_fields:
                 getattr(self, sub_name).weights.__pydantic_fields_set__.discard(name)
         subs_raw = {name: getattr(self, name).model_dump() for name in SUBSECTIONS}
         for target_name, path, _, compute in _links(subs_raw):
@@ -215,7 +215,7 @@ class RLConfig(BaseConfig):
                 parent.__pydantic_fields_set__.discard(path[-1])
         if self.lora is not None:  # derived slots (`_derive_lora_slots`) follow K again after a change
             slots = lora_slots_needed(
-                self.orchestrator.max_off_policy_steps, self.orchestrator.update_weights_interval
+                self.orchestrator.max_off_policy_steps, self.orchestrator.weights.update_interval
             )
             for inference in (self.inference, self.eval_inference):
                 if inference is not None and inference.max_loaded_loras == slots:
@@ -276,29 +276,11 @@ def _field(cls: type[BaseModel], path: KeyPath) -> Any | None:
     return info
 
 
-def _get(raw: dict[str, Any], path: KeyPath) -> tuple[bool, Any]:
-    node: Any = raw
-    for segment in path:
-        if not isinstance(node, dict) or segment not in node:
-            return False, None
-        node = node[segment]
-    return True, node
-
-
-def _put(raw: dict[str, Any], path: KeyPath, value: Any) -> None:
-    node = raw
-    for segment in path[:-1]:
-        child = node.get(segment)
-        node[segment] = child = dict(child) if isinstance(child, dict) else {}
-        node = child
-    node[path[-1]] = value
-
-
 def resolved(cls: type[BaseModel], raw: dict[str, Any], path: KeyPath) -> Any:
     """The value `cls` will hold at `path` given `raw`: the validated explicit value, else the default."""
     info = _field(cls, path)
     assert info is not None, f"{cls.__name__} has no key {'.'.join(path)}"
-    present, value = _get(raw, path)
+    present, value = lookup(raw, path)
     if not present:
         return info.get_default(call_default_factory=True, validated_data={})
     try:
@@ -322,7 +304,7 @@ def _propagate_shared(cls: type[BaseModel], data: dict[str, Any], subs: dict[str
 def _propagate_weights(cls: type[BaseModel], data: dict[str, Any], subs: dict[str, dict]) -> None:
     """Each key of rl's `weights` into `orchestrator.weights` and `trainer.weights` (the trainer's section
     adds `keep_last`, which stays its own)."""
-    for name in WeightTransferConfig.model_fields:
+    for name in WeightsConfig.model_fields:
         try:
             value = resolved(cls, data, ("weights", name))
         except _Unresolved:
@@ -372,7 +354,7 @@ def _align_checkpoint_steps(subs: dict[str, dict]) -> None:
     if trainer is None:
         return
     if orchestrator is None:
-        _put(subs["orchestrator"], ("ckpt", "interval"), trainer)
+        put(subs["orchestrator"], ("ckpt", "interval"), trainer)
     elif trainer % orchestrator:
         raise ValueError(
             f"orchestrator.ckpt.interval = {orchestrator} does not divide trainer.ckpt.interval = {trainer}: "
@@ -386,7 +368,7 @@ def _derive_from_k(data: dict[str, Any], subs: dict[str, dict]) -> None:
     `rl` launches, and the broadcasts a deterministic trainer keeps."""
     try:
         k = resolved(OrchestratorConfig, subs["orchestrator"], ("max_off_policy_steps",))
-        interval = resolved(OrchestratorConfig, subs["orchestrator"], ("update_weights_interval",))
+        interval = resolved(OrchestratorConfig, subs["orchestrator"], ("weights", "update_interval"))
         deterministic = resolved(OrchestratorConfig, subs["orchestrator"], ("deterministic",))
     except _Unresolved:
         return
@@ -410,7 +392,7 @@ def _propagate_eval_inference(cls: type[BaseModel], data: dict[str, Any]) -> Non
             continue
         _assign(InferenceConfig, sub, (name,), value, target=f"eval_inference.{name}", source=name)
     orchestrator = data["orchestrator"]
-    placement = _get(orchestrator, ("eval", "placement"))[1]
+    placement = lookup(orchestrator, ("eval", "placement"))[1]
     if placement != "dedicated":
         raise ValueError(
             f"eval_inference: rl launches eval engines only for orchestrator.eval.placement = 'dedicated' "
@@ -461,7 +443,7 @@ def _assign(
     info = _field(target_cls, path)
     if info is None:
         return
-    present, explicit = _get(raw, path)
+    present, explicit = lookup(raw, path)
     if present:
         try:
             explicit_value = _adapter(info).validate_python(explicit)
@@ -474,7 +456,7 @@ def _assign(
                 f"{target}{sub} = {mine!r} conflicts with {source}{sub} = {theirs!r}: rl copies {source} "
                 f"into {target}, so set only {source}{sub}"
             )
-    _put(raw, path, value.model_dump() if isinstance(value, BaseModel) else value)
+    put(raw, path, value.model_dump() if isinstance(value, BaseModel) else value)
 
 
 def _first_conflict(

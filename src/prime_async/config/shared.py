@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from prime_async.config.base import BaseConfig
+from prime_async.types import PauseMode
 
 
 class ModelConfig(BaseConfig):
@@ -95,8 +96,13 @@ class TransportConfig(BaseConfig):
     )
 
 
-class WeightTransferConfig(BaseConfig):
-    """How weight versions travel trainer -> inference (`rl` sets it once for every component).
+class WeightsConfig(BaseConfig):
+    """The `[weights]` section: every setting of a weight update, from publish to the engines' load (`rl`
+    sets it once for every component; the code is `weights/`).
+
+    When: the orchestrator loads a version once it is `update_interval` steps past the served one, woken
+    by the trainer's announcement (or, as a fallback, by a poll every `poll_interval_s`); how in-flight
+    generation survives the load: `pause_mode`.
 
     filesystem: `output_dir/broadcasts/step_N/` + STABLE, loaded with `/update_weights_from_disk`.
     distributed: a torch.distributed group (trainer rank 0 + every engine rank; SGLang's
@@ -104,6 +110,16 @@ class WeightTransferConfig(BaseConfig):
     directory is then written only at checkpoint steps and at the last step (restarts load from it).
     Either way the trainer announces each version on the control channel, so updates are event-driven."""
 
+    pause_mode: PauseMode = Field(
+        "retract", description="How in-flight generation survives a weight update (see DESIGN.md)."
+    )
+    update_interval: int = Field(1, ge=1, description="Trainer steps between weight updates.")
+    poll_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="Fallback poll of the weight watcher for a new STABLE broadcast; the trainer's "
+        "`Published` event on the control channel wakes it at once.",
+    )
     transport: Literal["filesystem", "distributed"] = Field(
         "filesystem", description="filesystem = broadcasts/step_N on disk; distributed = torch.distributed."
     )

@@ -24,7 +24,7 @@ from prime_async.config.shared import (
     ModelConfig,
     TransportConfig,
     WandbConfig,
-    WeightTransferConfig,
+    WeightsConfig,
 )
 
 logger = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class CkptConfig(BaseConfig):
 DEFAULT_KEEP_LAST = 3
 
 
-class WeightsConfig(WeightTransferConfig):
+class TrainerWeightsConfig(WeightsConfig):
     """Weight transfer (shared with the orchestrator) and the versions kept under
     `output_dir/broadcasts/step_{n}/`."""
 
@@ -263,7 +263,10 @@ class TrainerConfig(BaseConfig):
         default_factory=MaskLossConfig, description="Loss variant (discriminated on type)."
     )
     ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpointing.")
-    weights: WeightsConfig = Field(default_factory=WeightsConfig, description="Weight publishing.")
+    weights: TrainerWeightsConfig = Field(
+        default_factory=TrainerWeightsConfig,
+        description="Weight updates (the [weights] section) and publishing.",
+    )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward.")
     compile: bool = Field(
         False,

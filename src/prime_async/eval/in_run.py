@@ -115,7 +115,7 @@ class InRunEval:
         """Wait until every due version was evaluated or skipped; a timeout is logged, not raised.
 
         Shared: the final version is loaded into the training engines once it is published (with
-        `update_weights_interval > 1` the watcher alone might never load it)."""
+        `weights.update_interval > 1` the watcher alone might never load it)."""
         try:
             await asyncio.wait_for(self._finish(), timeout=timeout_s)
         except TimeoutError:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prime_async.config.dicts import deep_merge
 from prime_async.config.rl import RLConfig
 from prime_async.weights.broadcasts import (
     broadcasts_root,
@@ -136,23 +137,13 @@ async def _load_everywhere(cfg: RLConfig, path: str, version: int) -> None:
         logger.info("engine %s now serves version %d (%s)", url, version, path)
 
 
-def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def write_restart_config(base_path: Path, overrides: dict[str, Any], attempt: int) -> Path:
     """`<name>.restart<attempt>.toml` next to `base_path`: the base config with `overrides` applied."""
     import tomllib
 
     import tomli_w
 
-    data = _merge(tomllib.loads(base_path.read_text()), overrides)
+    data = deep_merge(tomllib.loads(base_path.read_text()), overrides)
     path = base_path.with_name(f"{base_path.stem}.restart{attempt}.toml")
     path.write_text(tomli_w.dumps(data))
     return path

@@ -22,7 +22,7 @@ Invariants:
 - a branch's first token is never a loss token, and its S shared tokens equal the first S tokens of the
   unit's first sample;
 - every rank gets the same number of micro-batches (FSDP ranks must run the same number of steps): a rank
-  short of rows gets 1-token padding rows with loss_mask False;
+  short of rows gets padding rows (`MicroBatch.padding`: no loss token);
 - `num_loss_tokens` counts loss tokens over all ranks; `min_dispatch_version` is the oldest group's.
 """
 
@@ -153,17 +153,6 @@ def _row_to_micro_batch(row: list[_Unit]) -> MicroBatch:
     )
 
 
-def _padding_micro_batch() -> MicroBatch:
-    return MicroBatch(
-        input_ids=np.zeros(1, dtype=np.int32),
-        position_ids=np.zeros(1, dtype=np.int32),
-        loss_mask=np.zeros(1, dtype=np.bool_),
-        advantages=np.zeros(1, dtype=np.float32),
-        sampler_logprobs=np.zeros(1, dtype=np.float32),
-        token_versions=np.full(1, -1, dtype=np.int32),
-    )
-
-
 def _balance(rows: list[list[_Unit]], num_ranks: int) -> list[list[list[_Unit]]]:
     """Longest rows first onto the rank with the fewest tokens (LPT), ties to the fewest rows."""
     per_rank: list[list[list[_Unit]]] = [[] for _ in range(num_ranks)]
@@ -197,7 +186,7 @@ def build_train_batch(
     per_rank = _balance(_pack_rows(units, seq_len), num_ranks)
     num_rows = max(len(rows) for rows in per_rank)
     micro_batches = [
-        [_row_to_micro_batch(r) for r in rows] + [_padding_micro_batch() for _ in range(num_rows - len(rows))]
+        [_row_to_micro_batch(r) for r in rows] + [MicroBatch.padding() for _ in range(num_rows - len(rows))]
         for rows in per_rank
     ]
     sample_tokens = sum(s.num_tokens for u in units for s in u.samples)

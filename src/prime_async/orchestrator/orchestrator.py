@@ -153,9 +153,9 @@ def build_components(
         broadcasts=broadcasts,
         admission=admission,
         groups=groups,
-        pause_mode="drain" if schedule is not None else cfg.pause_mode,
-        update_weights_interval=cfg.update_weights_interval,
-        poll_interval_s=cfg.weight_poll_interval_s,
+        pause_mode="drain" if schedule is not None else cfg.weights.pause_mode,
+        update_interval=cfg.weights.update_interval,
+        poll_interval_s=cfg.weights.poll_interval_s,
         clock=clock,
         schedule=schedule,
         loader=loader,
@@ -352,10 +352,10 @@ def run(cfg: OrchestratorConfig) -> None:
 
 
 async def _run(cfg: OrchestratorConfig) -> None:
+    from prime_async.inference.client import engine_clients
     from prime_async.orchestrator import wiring
     from prime_async.transport.zmq_batches import BatchSender
     from prime_async.utils.monitor import Monitor
-    from prime_async.inference.client import engine_clients
     from prime_async.weights.transfer import build_control
 
     engines = engine_clients(cfg.inference.base_urls, cfg.inference.api_key, lora=cfg.lora is not None)

@@ -36,6 +36,7 @@ import logging
 import time
 from typing import Any
 
+from prime_async.config.dicts import deep_merge
 from prime_async.config.env import EnvBaseConfig
 from prime_async.engine_api import EngineClient, SamplingParams
 from prime_async.rollouts import inprocess_harness, inprocess_tools, prompt_limit
@@ -67,16 +68,6 @@ def _runner_harness(env_cfg: EnvBaseConfig) -> dict[str, Any]:
     return {"id": "null"}
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def verifiers_env_config(env_cfg: EnvBaseConfig) -> dict[str, Any]:
     """The raw verifiers env config for `env_cfg` (validated later by `vf.resolve_env_config`): the
     seats the environment's own `vf.EnvConfig` declares, filled with the runner's defaults (a seat
@@ -102,7 +93,7 @@ def verifiers_env_config(env_cfg: EnvBaseConfig) -> dict[str, Any]:
         if declared.harness is None or declared.harness.id == "null":
             seat["harness"] = _runner_harness(env_cfg)
         raw[name] = seat
-    return _deep_merge(raw, user)
+    return deep_merge(raw, user)
 
 
 def resolve_verifiers_config(env_cfg: EnvBaseConfig) -> Any:

@@ -38,7 +38,6 @@ from prime_async.trainer.optim import build_optimizer, build_scheduler
 from prime_async.trainer.packed_rows import (
     check_micro_batch,
     packed_logprobs,
-    padding_micro_batch,
     sample_ids,
 )
 from prime_async.trainer.parallelize import parallelize
@@ -187,7 +186,7 @@ def train_step(
     micro_batches = list(batch.micro_batches)
     for mb in micro_batches:
         check_micro_batch(mb, cfg.seq_len, batch.step)
-    micro_batches += [padding_micro_batch()] * (batch.max_micro_batches - len(micro_batches))
+    micro_batches += [MicroBatch.padding()] * (batch.max_micro_batches - len(micro_batches))
     num_steps = cfg.optim.num_steps_per_batch
     clock = OffPolicyClock(batch.step, num_steps, batch.min_dispatch_version)
     settings = PassSettings(

@@ -1,4 +1,4 @@
-"""Packed micro-batch rows as both backends train them: validation, the padding row, per-token logprobs.
+"""Packed micro-batch rows as both backends train them: validation, per-token logprobs.
 
 A row packs several samples (layout: `transport/types.py`). A sample starts at index 0 and wherever a
 position is not the previous one + 1: at 0 (an unshared sample, or the first sample of a shared prefix)
@@ -14,7 +14,8 @@ sample or branch is predicted from no context of its own, so it never carries lo
   `megatron/batch.py::sample_bounds` splits rows at; `attention_mask` is the one definition of what a
   token sees (only built for rows with branches: other rows are plain restarts at 0, which HF masks
   from `position_ids` alone);
-- the padding row has no loss token: a rank (or replica) with fewer rows runs it to keep collectives in step.
+- a padding row (`MicroBatch.padding`) has no loss token: a rank (or replica) with fewer rows runs it
+  to keep collectives in step.
 """
 
 from __future__ import annotations
@@ -134,18 +135,6 @@ def scatter_rows(
 def sample_ids(position_ids: np.ndarray) -> np.ndarray:
     """(T,) int64: index of each token's packed sample (branches included) in the row, counting from 0."""
     return np.cumsum(sample_starts(np.asarray(position_ids)), dtype=np.int64) - 1
-
-
-def padding_micro_batch() -> MicroBatch:
-    """Two tokens, no loss token."""
-    return MicroBatch(
-        input_ids=np.zeros(2, dtype=np.int32),
-        position_ids=np.arange(2, dtype=np.int32),
-        loss_mask=np.zeros(2, dtype=np.bool_),
-        advantages=np.zeros(2, dtype=np.float32),
-        sampler_logprobs=np.zeros(2, dtype=np.float32),
-        token_versions=np.full(2, -1, dtype=np.int32),
-    )
 
 
 def check_micro_batch(mb: MicroBatch, seq_len: int, step: int) -> None:

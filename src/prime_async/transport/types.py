@@ -31,6 +31,9 @@ ARRAY_DTYPES: dict[str, np.dtype] = {
 }
 
 
+PADDING_TOKENS = 2
+
+
 @dataclass
 class MicroBatch:
     """One packed row of several samples, flat per-token arrays of shape (T,)."""
@@ -41,6 +44,20 @@ class MicroBatch:
     advantages: np.ndarray
     sampler_logprobs: np.ndarray
     token_versions: np.ndarray
+
+    @classmethod
+    def padding(cls) -> MicroBatch:
+        """The padding row: two tokens (a sample and its successor), no loss token. A rank short of rows
+        runs it so collectives stay in step; it adds nothing to the loss or its normalizer. Built here
+        only (the orchestrator pads batches with it, the trainer pads its ranks with it)."""
+        return cls(
+            input_ids=np.zeros(PADDING_TOKENS, dtype=np.int32),
+            position_ids=np.arange(PADDING_TOKENS, dtype=np.int32),
+            loss_mask=np.zeros(PADDING_TOKENS, dtype=np.bool_),
+            advantages=np.zeros(PADDING_TOKENS, dtype=np.float32),
+            sampler_logprobs=np.zeros(PADDING_TOKENS, dtype=np.float32),
+            token_versions=np.full(PADDING_TOKENS, -1, dtype=np.int32),
+        )
 
     @property
     def num_tokens(self) -> int:

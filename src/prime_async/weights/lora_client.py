@@ -19,7 +19,7 @@ Invariants:
 - an adapter is unloaded only when no request of this client runs with it and it is not the current
   one (before a load, to free its slot, and after); the engine itself also waits for running requests
   before it drops an adapter (as SGLang does);
-- with `max_loaded_loras >= K // update_weights_interval + 2` (what `rl` derives, `config/interactions.py`)
+- with `max_loaded_loras >= K // weights.update_interval + 2` (what `rl` derives, `config/interactions.py`)
   a load always finds a free slot: running requests name at most K // interval + 1 versions;
 - no flush on load: adapters have their own prefix-cache namespace in SGLang and the embedded engine has
   no prefix cache; the watcher's flush after `in_place` still passes through.

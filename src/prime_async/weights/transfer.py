@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prime_async.config.shared import WeightTransferConfig
+from prime_async.config.shared import WeightsConfig
 from prime_async.weights.control import (
     VERSION_GONE,
     ControlServer,
@@ -88,9 +88,7 @@ def build_control(
 class DistributedWeights:
     """`WeightLoader` over a torch.distributed group trainer rank 0 + every engine."""
 
-    def __init__(
-        self, control: ControlServer, cfg: WeightTransferConfig, *, keep_announced: int = KEEP_ANNOUNCED
-    ):
+    def __init__(self, control: ControlServer, cfg: WeightsConfig, *, keep_announced: int = KEEP_ANNOUNCED):
         self.control, self.cfg = control, cfg
         self.keep_announced = keep_announced
         self._announced: OrderedDict[int, list[list[TensorMeta]]] = OrderedDict()

@@ -3,7 +3,7 @@
     trainer ── output_dir/broadcasts/step_N/{weights, STABLE} ─┐
             ── Published(N) on the control channel: wake() ────┴► WeightWatcher.run() (event-driven; the
                                                                    poll of `poll_interval_s` is a fallback)
-      N >= served + update_weights_interval ?
+      N >= served + weights.update_interval ?
         1. groups.cancel_unshippable()                  (saves compute; the sink sweep is the guarantee)
         2. pause: retract | in_place -> /pause_generation on every engine; drain -> hold admission and
            wait until no episode is in flight
@@ -135,7 +135,7 @@ class WeightWatcher:
         admission: Admission,
         groups: Drainable,
         pause_mode: PauseMode,
-        update_weights_interval: int,
+        update_interval: int,
         poll_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
         request_gate: RequestGate | None = None,
@@ -152,7 +152,7 @@ class WeightWatcher:
         self.admission = admission
         self.groups = groups
         self.pause_mode = pause_mode
-        self.interval = update_weights_interval
+        self.interval = update_interval
         self.poll_interval_s = poll_interval_s
         self.clock = clock
         self._wake = asyncio.Event()

@@ -53,7 +53,7 @@ from prime_async.trainer.megatron.model import (
 )
 from prime_async.trainer.mini_batches import OffPolicyClock, plan_mini_batches
 from prime_async.trainer.optim import lr_factor
-from prime_async.trainer.packed_rows import logit_rows, padding_micro_batch, sample_ids, scatter_rows
+from prime_async.trainer.packed_rows import logit_rows, sample_ids, scatter_rows
 from prime_async.trainer.token_stats import TokenStats
 from prime_async.transport.types import MicroBatch
 from prime_async.transport.zmq_batches import RankBatch
@@ -225,7 +225,7 @@ class MegatronBackend:
         self, mbs: list[MicroBatch], *, num_loss_tokens: int, temperature: float, distance
     ) -> list[dict[str, Any]]:
         """Forward/backward of one mini-batch (a padding row if this replica has none of it)."""
-        mbs = mbs or [padding_micro_batch()]
+        mbs = mbs or [MicroBatch.padding()]
         data = iter([(mb, unpack(mb, seq_multiple=self._seq_multiple(), device=self.device)) for mb in mbs])
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
