@@ -1,7 +1,7 @@
 """Config of the environment mix, of eval while training and of dedicated eval engines under `rl`:
-`[env]` is the loader's shorthand for `envs = [env]`, names are unique and metric-safe, per-env sampling keeps the run's
-temperature, eval placements need (or refuse) eval URLs, `[eval_inference]` propagates like the other
-sections and the sub-config files `rl` writes reload into the same configs."""
+`[env]` is the loader's shorthand for `envs = [env]`, names are unique and metric-safe, per-env sampling
+keeps the run's temperature, eval placements need (or refuse) eval URLs, `[eval_inference]` propagates
+like the other sections and the sub-config files `rl` writes reload into the same configs."""
 
 from __future__ import annotations
 
