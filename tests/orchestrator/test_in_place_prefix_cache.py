@@ -118,15 +118,17 @@ def test_next_turn_after_in_place_update_never_reuses_old_prefix_kv() -> None:
 def test_shared_eval_gateways_pass_the_watchers_one_gate() -> None:
     """Regression (issue: shared eval x in_place): wiring the shared-placement eval's gateways used to
     replace the watcher's gate with the eval gateway's, so an update held only eval requests; a training
-    turn then started between the load and the flush (old prefix KV) and the flush met it (HTTP 400)."""
+    turn then started between the load and the flush (old prefix KV) and the flush met it (HTTP 400).
+    Now the gate is built first and given to every gateway and to the watcher in their constructors."""
     from types import SimpleNamespace
 
-    from prime_async.orchestrator import wiring
+    from prime_async.weights.request_gate import RequestGate
 
     async def main() -> PrefixCacheEngine:
         engine = PrefixCacheEngine(durations={1: 0.4, 2: 0.02})
-        train = SimpleNamespace(gateway=Gateway(engines=[engine], seq_len=64))
-        evals = SimpleNamespace(gateway=Gateway(engines=[engine], seq_len=64))
+        gate = RequestGate()
+        train = SimpleNamespace(gateway=Gateway(engines=[engine], seq_len=64, gate=gate))
+        evals = SimpleNamespace(gateway=Gateway(engines=[engine], seq_len=64, gate=gate))
         groups = GroupTable(group_size=1, max_off_policy_steps=1, data=DataSource(num_examples=1),
                             retry_unused=False, max_dropped_groups_per_step=1)  # fmt: skip
         admission = AdmissionController(groups=groups, max_inflight_groups=4, max_buffered_groups=4,
@@ -134,10 +136,8 @@ def test_shared_eval_gateways_pass_the_watchers_one_gate() -> None:
         watcher = WeightWatcher(
             engines=[engine], broadcasts=type("B", (), {"path": staticmethod(lambda v: f"/b/step_{v}")})(),
             admission=admission, groups=groups, pause_mode="in_place", update_interval=1,
-            poll_interval_s=1.0, request_gate=wiring.shared_request_gate([train]),
+            poll_interval_s=1.0, request_gate=gate,
         )  # fmt: skip
-        wiring.attach_gateways([train], watcher)
-        wiring.attach_gateways([evals], watcher)  # in-run eval, shared placement, wired after
         assert train.gateway.gate is evals.gateway.gate is watcher.request_gate
         e = evals.gateway.open_session(engine_key="0")
         t = train.gateway.open_session(engine_key="0")

@@ -23,6 +23,7 @@ def test_deterministic_trainer_holds_k_plus_1_versions(k: int) -> None:
 
 def test_deterministic_orchestrator_remembers_every_loadable_announcement() -> None:
     from prime_async.weights.transfer import build_control
+    from prime_async.weights.watcher import UpdateSignal
     from proc_helpers import free_pair
 
     cfg = OrchestratorConfig(
@@ -31,7 +32,7 @@ def test_deterministic_orchestrator_remembers_every_loadable_announcement() -> N
     )  # fmt: skip
 
     async def go() -> int:
-        control, loader, _, _ = build_control(cfg)
+        control, loader = build_control(cfg, UpdateSignal())
         try:
             return loader.keep_announced
         finally:

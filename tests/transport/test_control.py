@@ -25,6 +25,7 @@ from prime_async.config.trainer import TrainerConfig
 from prime_async.transport.wire import WireError
 from prime_async.weights.control import ControlClient, Published, decode
 from prime_async.weights.transfer import build_control
+from prime_async.weights.watcher import UpdateSignal
 from proc_helpers import free_pair, free_port
 
 
@@ -40,10 +41,9 @@ def test_published_event_reaches_the_orchestrator_and_fails_on_transport_mismatc
     cfg = OrchestratorConfig.model_validate({"transport": {"port": port}})
 
     async def go():
-        control, loader, wake, failed = build_control(cfg)
-        woken, errors = asyncio.Event(), []
-        wake.append(woken.set)
-        failed.append(errors.append)
+        signal = UpdateSignal()
+        control, loader = build_control(cfg, signal)
+        woken, errors = signal.event, []
         client = ControlClient("127.0.0.1", port + 1, handler=lambda msg, reply: None)
         try:
             await control.wait_trainer(30)
@@ -53,7 +53,8 @@ def test_published_event_reaches_the_orchestrator_and_fails_on_transport_mismatc
             latency = time.monotonic() - t0
             client.publish(Published(2, "distributed"))
             for _ in range(200):
-                if errors:
+                if signal.failure is not None:
+                    errors.append(signal.failure)
                     break
                 await asyncio.sleep(0.05)
         finally:
@@ -121,9 +122,9 @@ def test_distributed_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path:
     state = {k: v + 0.01 for k, v in base.items()}
 
     async def go():
-        control, loader, wake, _ = build_control(orch_cfg)
-        published = asyncio.Event()
-        wake.append(published.set)
+        signal = UpdateSignal()
+        control, loader = build_control(orch_cfg, signal)
+        published = signal.event
         sync = WeightSync(trainer_cfg, publisher, torch.device("cpu"), tied=bool(config.tie_word_embeddings))
         engine = HttpEngineClient(url)
         try:

@@ -61,7 +61,7 @@ from prime_async.rollouts.types import RolloutSource
 from prime_async.transport.types import TrainBatch
 from prime_async.utils.stall import StallWatch, waiting
 from prime_async.weights.request_gate import RequestGate
-from prime_async.weights.watcher import BroadcastDir, Broadcasts, WeightLoader, WeightWatcher
+from prime_async.weights.watcher import BroadcastDir, Broadcasts, UpdateSignal, WeightLoader, WeightWatcher
 
 if TYPE_CHECKING:
     from prime_async.transport.zmq_batches import BatchSender
@@ -104,11 +104,13 @@ def build_components(
     loader: WeightLoader | None = None,
     request_gate: RequestGate | None = None,
     stalls: StallWatch | None = None,
+    signal: UpdateSignal | None = None,
 ) -> Components:
     """Build every component from `cfg`; restore the data positions and the mix when `cfg.resume`.
 
     `source` is the rollout source of each training env by name (a single source serves a one-env run);
-    `request_gate` is the one gate every gateway in front of the training engines passes (`wiring.py`)."""
+    `request_gate` is the one gate every gateway in front of the training engines passes, `signal` what
+    the control channel wakes the watcher with; both are built first (`_run`) and given to the watcher."""
     if not isinstance(source, Mapping):
         source = {env.label: source for env in cfg.envs}
     envs = build_env_mix(cfg, source)
@@ -161,6 +163,7 @@ def build_components(
         loader=loader,
         request_gate=request_gate,
         stalls=stalls,
+        signal=signal,
     )
     return Components(envs, groups, admission, dispatcher, sink, watcher, start_step)
 
@@ -359,8 +362,11 @@ async def _run(cfg: OrchestratorConfig) -> None:
     from prime_async.weights.transfer import build_control
 
     engines = engine_clients(cfg.inference.base_urls, cfg.inference.api_key, lora=cfg.lora is not None)
-    control, loader, wake, failed = build_control(cfg)
-    sources = build_sources(list(cfg.envs), engines, model_path=cfg.model.path, seq_len=cfg.seq_len)
+    signal, gate = UpdateSignal(), RequestGate()  # given to the control channel, gateways and watcher
+    control, loader = build_control(cfg, signal)
+    sources = build_sources(
+        list(cfg.envs), engines, model_path=cfg.model.path, seq_len=cfg.seq_len, gate=gate
+    )
     config = cfg.model_dump(mode="json")
     monitor = Monitor(output_dir=cfg.output_dir, name="orchestrator", wandb_cfg=cfg.wandb, config=config)
     sender = BatchSender(cfg=cfg.transport, num_ranks=cfg.num_train_ranks)
@@ -397,15 +403,13 @@ async def _run(cfg: OrchestratorConfig) -> None:
                 broadcasts=BroadcastDir(cfg.output_dir / "broadcasts"),
                 served_version=served,
                 loader=loader,
-                request_gate=wiring.shared_request_gate(list(sources.values())),
+                request_gate=gate,
                 stalls=stalls,
+                signal=signal,
             )
             stalls.describe = functools.partial(stall_state, comps, sources, control)
-            wake.append(comps.watcher.wake)
-            failed.append(comps.watcher.fail)
             check_served_not_ahead(max(versions), comps.start_step)
             logger.info("engines serve weight version %d; first batch is step %d", served, comps.start_step)
-            wiring.attach_gateways(list(sources.values()), comps.watcher)
             evaluator = await wiring.start_in_run_eval(
                 cfg, comps.watcher, engines=engines, monitor=monitor, stack=stack
             )

@@ -1,15 +1,14 @@
-"""Production wiring of the orchestrator's environments and in-run eval (called by `orchestrator._run`).
+"""Production wiring of the in-run eval (called by `orchestrator._run`).
 
-    cfg.envs      ──► one verifiers rollout source per training env (each with its own gateway)
     cfg.eval.envs ──► one rollout source per eval env, on the training engines (shared) or on the eval
                       engines `cfg.eval.base_urls` (dedicated / external) ──► InRunEval
 
 Invariants:
-- every gateway in front of the training engines (training envs, and eval envs of the shared placement)
-  reports engine outages to the weight watcher and passes the watcher's one request gate, so an
-  `in_place` update holds all of their requests alike;
+- the gateways of a shared-placement eval pass the watcher's one request gate (the gate the training
+  envs' gateways were built with, `orchestrator._run`), so an `in_place` update holds all of their
+  requests alike and their engine outages hold dispatch;
 - dedicated eval engines must belong to the run (run id), like the training engines; external ones are
-  not checked (any SGLang-compatible server);
+  not checked (any SGLang-compatible server).
 """
 
 from __future__ import annotations
@@ -25,43 +24,12 @@ from prime_async.eval.in_run import InRunEval, due_versions
 from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
 from prime_async.rollouts.engine_checks import check_engines_belong_to_run, wait_for_engines
 from prime_async.rollouts.sources import build_sources
-from prime_async.weights.request_gate import RequestGate
 from prime_async.weights.watcher import BroadcastDir, WeightWatcher
 
 if TYPE_CHECKING:
-    from prime_async.rollouts.source import VerifiersRolloutSource
     from prime_async.utils.monitor import Monitor
 
 logger = logging.getLogger(__name__)
-
-
-def shared_request_gate(sources: list[VerifiersRolloutSource]) -> RequestGate | None:
-    """The one request gate of the run's training engines, given to every gateway of `sources`; None
-    when no source has a gateway (the watcher then holds admission for the `in_place` flush instead).
-
-    Built before the weight watcher, which gets it in its constructor: later gateways (shared-placement
-    eval) join this gate with `attach_gateways`, they never replace it."""
-    gateways = _gateways(sources)
-    if not gateways:
-        return None
-    gate = RequestGate()
-    for gateway in gateways:
-        gateway.gate = gate
-    return gate
-
-
-def attach_gateways(sources: list[VerifiersRolloutSource], watcher: WeightWatcher) -> None:
-    """Gateways in front of the training engines report outages to the watcher (dispatch is held at
-    once) and pass the watcher's request gate, so an `in_place` update holds every one of their requests
-    until the flush (training and shared eval alike)."""
-    for gateway in _gateways(sources):
-        gateway.on_engine_error = watcher.engine_failed
-        if watcher.request_gate is not None:
-            gateway.gate = watcher.request_gate
-
-
-def _gateways(sources: list[VerifiersRolloutSource]) -> list[Any]:
-    return [g for s in sources if (g := getattr(s, "gateway", None)) is not None]
 
 
 async def start_in_run_eval(
@@ -88,11 +56,14 @@ async def start_in_run_eval(
                 model_path=str(cfg.model.path),
                 broadcasts=cfg.output_dir / "broadcasts",
             )
-    sources = build_sources(list(ecfg.envs), eval_engines, model_path=cfg.model.path, seq_len=cfg.seq_len)
+    # shared placement: the eval's gateways pass the watcher's one gate (in_place holds them too, and
+    # their engine outages hold dispatch); dedicated/external engines get gates of their own
+    gate = watcher.request_gate if ecfg.placement == "shared" else None
+    sources = build_sources(
+        list(ecfg.envs), eval_engines, model_path=cfg.model.path, seq_len=cfg.seq_len, gate=gate
+    )
     for source in sources.values():
         await stack.enter_async_context(source)
-    if ecfg.placement == "shared":
-        attach_gateways(list(sources.values()), watcher)
     envs = eval_envs(
         ecfg.envs, list(sources.values()), base_sampling=cfg.sampling, eval_sampling=ecfg.sampling
     )

@@ -34,7 +34,6 @@ import math
 import socket
 import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +135,13 @@ class Gateway:
     """HTTP gateway on 127.0.0.1 (free port by default) in front of a list of engines."""
 
     def __init__(
-        self, *, engines: list[EngineClient], seq_len: int, host: str = "127.0.0.1", port: int = 0
+        self,
+        *,
+        engines: list[EngineClient],
+        seq_len: int,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        gate: RequestGate | None = None,
     ) -> None:
         if not engines:
             raise ValueError("gateway needs at least one engine")
@@ -152,11 +157,10 @@ class Gateway:
         self._serve_task: asyncio.Task[None] | None = None
         self.num_requests = 0
         self.num_model_list_requests = 0  # GET /v1/models (renderers' prompt-limit lookup)
-        # Called with transport-level engine failures (engine process gone); set by the orchestrator.
-        self.on_engine_error: Callable[[BaseException], None] | None = None
         self.last_answer: dict[str, float] = {}  # engine URL -> time.monotonic() of its last answer
-        # Closed by the weight watcher between an in_place update and the cache flush (request_gate.py).
-        self.gate = RequestGate()
+        # The run's one gate in front of these engines (weights/request_gate.py): closed by the weight
+        # watcher between an in_place update and the cache flush; engine outages are reported to it.
+        self.gate = gate if gate is not None else RequestGate()
 
     @property
     def base_url(self) -> str:
@@ -243,8 +247,8 @@ class Gateway:
             raise
         except Exception as e:
             session.num_errors += 1
-            if self.on_engine_error is not None and isinstance(e, EngineUnavailable):
-                self.on_engine_error(e)
+            if isinstance(e, EngineUnavailable):
+                self.gate.engine_failed(e)
             raise GatewayError(502, f"engine {engine.base_url} failed: {type(e).__name__}: {e}") from e
         finally:
             session.inflight.discard(rid)

@@ -45,6 +45,7 @@ from prime_async.rollouts.renderer_choice import check_tools_renderer, choose_re
 from prime_async.rollouts.tasks import LazyTasks
 from prime_async.rollouts.types import Episode
 from prime_async.utils import pydantic_speedups
+from prime_async.weights.request_gate import RequestGate
 
 logger = logging.getLogger(__name__)
 
@@ -122,13 +123,19 @@ class VerifiersRolloutSource:
     """`RolloutSource` over a verifiers environment. Use `async with` or `start()`/`stop()`."""
 
     def __init__(
-        self, *, env_cfg: EnvBaseConfig, engines: list[EngineClient], model_path: str, seq_len: int
+        self,
+        *,
+        env_cfg: EnvBaseConfig,
+        engines: list[EngineClient],
+        model_path: str,
+        seq_len: int,
+        gate: RequestGate | None = None,
     ) -> None:
         self.env_cfg = env_cfg
         self.model_path = model_path
         self.seq_len = seq_len
         self.gateway = Gateway(
-            engines=engines, seq_len=seq_len, host=env_cfg.gateway_host, port=env_cfg.gateway_port
+            engines=engines, seq_len=seq_len, host=env_cfg.gateway_host, port=env_cfg.gateway_port, gate=gate
         )
         self._env: Any = None
         self._tasks: list[Any] | LazyTasks = []
@@ -305,7 +312,15 @@ class VerifiersRolloutSource:
 
 
 def build_rollout_source(
-    *, env_cfg: EnvBaseConfig, engines: list[EngineClient], model_path: str, seq_len: int
+    *,
+    env_cfg: EnvBaseConfig,
+    engines: list[EngineClient],
+    model_path: str,
+    seq_len: int,
+    gate: RequestGate | None = None,
 ) -> VerifiersRolloutSource:
-    """The verifiers-backed `RolloutSource` for `env_cfg`; `start()` it (or `async with`) before use."""
-    return VerifiersRolloutSource(env_cfg=env_cfg, engines=engines, model_path=model_path, seq_len=seq_len)
+    """The verifiers-backed `RolloutSource` for `env_cfg`; `start()` it (or `async with`) before use.
+    `gate`: the run's request gate in front of `engines` (None: a gate of its own)."""
+    return VerifiersRolloutSource(
+        env_cfg=env_cfg, engines=engines, model_path=model_path, seq_len=seq_len, gate=gate
+    )

@@ -10,16 +10,25 @@ from __future__ import annotations
 from typing import Any
 
 from prime_async.engine_api import EngineClient
+from prime_async.weights.request_gate import RequestGate
 
 
 def build_sources(
-    envs: list[Any], engines: list[EngineClient], *, model_path: str, seq_len: int
+    envs: list[Any],
+    engines: list[EngineClient],
+    *,
+    model_path: str,
+    seq_len: int,
+    gate: RequestGate | None = None,
 ) -> dict[str, Any]:
-    """An unstarted verifiers rollout source per env config of `envs`, keyed by env name."""
+    """An unstarted verifiers rollout source per env config of `envs`, keyed by env name; every gateway
+    passes `gate` (the run's one gate in front of `engines`; None: each its own)."""
     from prime_async.rollouts.source import build_rollout_source
 
     return {
-        env.label: build_rollout_source(env_cfg=env, engines=engines, model_path=model_path, seq_len=seq_len)
+        env.label: build_rollout_source(
+            env_cfg=env, engines=engines, model_path=model_path, seq_len=seq_len, gate=gate
+        )
         for env in envs
     }
 

@@ -9,14 +9,20 @@ flush its prefix cache while they run; any request that starts meanwhile, includ
 running multi-turn episode, may reuse prefix KV computed under the old weights. Holding new requests at
 the gateway until the flush closes that window without waiting for whole episodes to end.
 
+The gate is also where gateways report an engine that is gone (`engine_failed`, a transport-level
+failure): the weight watcher, which gets the gate in its constructor, handles those reports
+(`watch_outages`), so dispatch is held at once.
+
 Invariants: while the gate is closed no request starts through it; `wait_idle()` returns once no request
-that started through the gate is still running.
+that started through the gate is still running. One gate stands in front of one set of engines: the
+orchestrator builds it first and passes it to every gateway of the training engines (training envs and
+shared-placement eval) and to the watcher.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 
@@ -30,6 +36,16 @@ class RequestGate:
         self._idle.set()
         self._active = 0
         self.num_held = 0  # requests that had to wait at a closed gate (cumulative)
+        self._outage_handlers: list[Callable[[BaseException], None]] = []
+
+    def watch_outages(self, handler: Callable[[BaseException], None]) -> None:
+        """`handler(error)` is called for every engine outage a gateway behind this gate meets."""
+        self._outage_handlers.append(handler)
+
+    def engine_failed(self, error: BaseException) -> None:
+        """A gateway could not reach an engine (refused, reset, timed out)."""
+        for handler in self._outage_handlers:
+            handler(error)
 
     @property
     def is_open(self) -> bool:

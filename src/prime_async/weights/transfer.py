@@ -26,7 +26,7 @@ import logging
 import socket
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from prime_async.config.shared import WeightsConfig
@@ -39,7 +39,7 @@ from prime_async.weights.control import (
     SendWeights,
 )
 from prime_async.weights.process_group import TensorMeta
-from prime_async.weights.watcher import VersionGone
+from prime_async.weights.watcher import UpdateSignal, VersionGone
 
 logger = logging.getLogger(__name__)
 
@@ -50,15 +50,11 @@ KEEP_ANNOUNCED = 4  # at least; a deterministic run remembers K + 2 (it loads ev
 
 
 def build_control(
-    cfg: OrchestratorConfig,
-) -> tuple[
-    ControlServer, DistributedWeights | None, list[Callable[[], None]], list[Callable[[BaseException], None]]
-]:
-    """The control channel (bound and receiving), the distributed loader when configured, and the lists of
-    callbacks a `Published` event and a channel failure trigger (the caller appends the watcher's `wake`
-    and `fail`)."""
-    wake: list[Callable[[], None]] = []
-    failed: list[Callable[[BaseException], None]] = []
+    cfg: OrchestratorConfig, signal: UpdateSignal
+) -> tuple[ControlServer, DistributedWeights | None]:
+    """The control channel (bound and receiving) and the distributed loader when configured. A
+    `Published` event announces on `signal`, a channel failure fails it: the weight watcher built with
+    the same `signal` wakes, or raises."""
     loader: DistributedWeights | None = None
 
     def on_published(msg: Published) -> None:
@@ -69,20 +65,15 @@ def build_control(
             )
         if loader is not None:
             loader.on_published(msg)
-        for callback in wake:
-            callback()
-
-    def on_error(error: BaseException) -> None:
-        for callback in failed:
-            callback(error)
+        signal.announce()
 
     port = cfg.weights.resolved_control_port(cfg.transport)
-    control = ControlServer(cfg.transport.host, port, on_published=on_published, on_error=on_error)
+    control = ControlServer(cfg.transport.host, port, on_published=on_published, on_error=signal.fail)
     if cfg.weights.transport == "distributed":
         keep = KEEP_ANNOUNCED if not cfg.deterministic else max(KEEP_ANNOUNCED, cfg.max_off_policy_steps + 2)
         loader = DistributedWeights(control, cfg.weights, keep_announced=keep)
     control.start()
-    return control, loader, wake, failed
+    return control, loader
 
 
 class DistributedWeights:

@@ -124,6 +124,23 @@ class Drainable(Protocol):
     async def wait_idle(self) -> None: ...
 
 
+class UpdateSignal:
+    """What wakes the weight watcher between polls: the trainer announced a version (`announce`), or
+    the control channel failed (`fail`: the watcher's `run()` raises it). Built before the control
+    channel and the watcher, and given to both in their constructors."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.failure: BaseException | None = None
+
+    def announce(self) -> None:
+        self.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.failure = error
+        self.event.set()
+
+
 class WeightWatcher:
     """Polls for new STABLE broadcasts and runs the in-flight update protocol on every engine."""
 
@@ -142,12 +159,15 @@ class WeightWatcher:
         schedule: LoadSchedule | None = None,
         loader: WeightLoader | None = None,
         stalls: StallWatch | None = None,
+        signal: UpdateSignal | None = None,
     ):
         self.engines = list(engines)
         self.stalls = stalls  # names the update's waits (utils/stall.py)
         self.schedule = schedule
         self.loader = loader  # None: the broadcast directory and /update_weights_from_disk
-        self.request_gate = request_gate  # every gateway's one gate (wiring.shared_request_gate); step 5
+        self.request_gate = request_gate  # the gateways' one gate (request_gate.py): step 5, outages
+        if request_gate is not None:
+            request_gate.watch_outages(self.engine_failed)
         self.broadcasts = broadcasts
         self.admission = admission
         self.groups = groups
@@ -155,7 +175,8 @@ class WeightWatcher:
         self.interval = update_interval
         self.poll_interval_s = poll_interval_s
         self.clock = clock
-        self._wake = asyncio.Event()
+        self.signal = signal if signal is not None else UpdateSignal()
+        self._wake = self.signal.event
         self.pin = asyncio.Lock()  # held by a shared-placement eval: updates wait for it
         self._sync_time = 0.0
         self._updates = 0
@@ -167,7 +188,6 @@ class WeightWatcher:
         self._health_retries = 0
         self._down_time = 0.0
         self._reload = False
-        self._failure: BaseException | None = None
 
     @property
     def served_version(self) -> int:
@@ -175,12 +195,11 @@ class WeightWatcher:
 
     def wake(self) -> None:
         """Look for a new broadcast now instead of at the next poll."""
-        self._wake.set()
+        self.signal.announce()
 
     def fail(self, error: BaseException) -> None:
         """A failure outside the watcher's task (the control channel): `run()` raises it at once."""
-        self._failure = error
-        self._wake.set()
+        self.signal.fail(error)
 
     def engine_failed(self, error: BaseException) -> None:
         """A transport-level engine failure: hold admission now; `run()` waits for health, then releases."""
@@ -215,8 +234,8 @@ class WeightWatcher:
 
     async def run(self) -> None:
         while True:
-            if self._failure is not None:
-                raise self._failure
+            if self.signal.failure is not None:
+                raise self.signal.failure
             if self._engine_down:
                 await self._recover()
             latest = self.latest()
