@@ -15,7 +15,7 @@ repeat and per path, with the same tensors (perturbed per version so every load 
                       load    = every bucket broadcast (gloo) while /update_weights_from_distributed
                                 receives it + a 1-token /generate (derived weights rebuilt on first use)
 
-Joining the weight group happens once per run (printed separately). Targets (issue): distributed
+Joining the weight process group happens once per run (printed separately). Targets (issue): distributed
 <= 1x raw safetensors write+read, filesystem <= 2x.
 """
 
@@ -100,7 +100,7 @@ def filesystem_version(url: str, publisher: WeightPublisher, state, version: int
 
 
 class Group:
-    """This process as rank 0 of a weight group with the engine."""
+    """This process as rank 0 of a weight process group with the engine."""
 
     def __init__(self, url: str):
         self.url, self.name = url, "bench-weights"

@@ -1,6 +1,6 @@
 """Weights over torch.distributed (gloo) into a real embedded engine process, against the filesystem path.
 
-The test process is rank 0 of the weight group (as trainer rank 0 is in a run): it joins with
+The test process is rank 0 of the weight process group (as trainer rank 0 is in a run): it joins with
 `weight_group.join_weight_group` while the engine joins through `/init_weights_update_group`, then
 broadcasts each version in several buckets while `/update_weights_from_distributed` receives them. For
 every version the engine's logprobs (fixed sampling seed) must equal those it gives after loading the same
@@ -82,7 +82,7 @@ def post(url: str, route: str, payload: dict, *, expect: int = 200) -> dict:
 
 
 class Rank0:
-    """The test process as rank 0 of a weight group with the engine as rank 1."""
+    """The test process as rank 0 of a weight process group with the engine as rank 1."""
 
     def __init__(self, url: str, group_name: str, backend: str = "gloo"):
         self.url, self.group_name, self.backend = url, group_name, backend

@@ -3,7 +3,7 @@
 As docs/multi-node.md lays it out, from the files in configs/multinode/: two embedded engines (two
 `inference` commands), a 2-rank trainer as two torchrun "nodes" (`--nnodes 2 --node-rank 0|1`, static
 rendezvous, FSDP2 with gloo), and the orchestrator. Weights travel over torch.distributed (gloo): trainer
-rank 0 + both engines form one weight group. The run trains 3 steps; both engines must have received
+rank 0 + both engines form one weight process group. The run trains 3 steps; both engines must have received
 the versions over the group, and every process must exit on its own (engines are stopped by the test).
 """
 

@@ -1,5 +1,5 @@
 """`rl` on real SGLang with `weights.transport = "distributed"`: the trainer is rank 0 of SGLang's own
-weight-update group (`/init_weights_update_group`, `/update_weights_from_distributed`).
+weight-update process group (`/init_weights_update_group`, `/update_weights_from_distributed`).
 
 - CPU (slow): SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE=1`, the stand-in `sgl_kernel` of
   `scripts/sglang_cpu/`), gloo; 3 steps with in-flight updates.

@@ -79,5 +79,5 @@ def test_rl_distributed_sync_logprobs_match_trainer(tiny_model_dir: Path, tmp_pa
     assert [m["step"] for m in trainer] == list(range(steps))
     orch = read_jsonl(out / "metrics" / "orchestrator.jsonl")
     assert [m["weights/served_version"] for m in orch][-1] >= steps - 1
-    for m in trainer:  # batch n was sampled under v_n, received over the weight group for n >= 1
+    for m in trainer:  # batch n was sampled under v_n, received over the weight process group for n >= 1
         assert m["mismatch_kl"] < 1e-9, m

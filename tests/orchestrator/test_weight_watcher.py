@@ -231,7 +231,7 @@ def test_deterministic_runs_never_skip_a_version_that_is_gone():
 
 def test_an_engine_dying_during_the_drain_stops_the_update_before_the_load():
     """Regression (feature matrix: inference kill x drain x distributed weights): the engine died while
-    the update drained; the update went on to form the weight group with it, and the trainer's control
+    the update drained; the update went on to form the weight process group with it, and the trainer's control
     thread sat in that rendezvous for weights.timeout_s (600 s), deaf to the rejoin after recovery."""
     from prime_async.engine_api import EngineUnavailable
 

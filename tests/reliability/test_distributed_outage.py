@@ -1,6 +1,6 @@
-"""Engine outage with `weights.transport = "distributed"`: after `/health` answers again the weight group
-is rebuilt and the newest version is sent to every engine even when it is the served one (a restarted
-engine came back with an older version from disk and must rejoin). Fake engines, real asyncio, the
+"""Engine outage with `weights.transport = "distributed"`: after `/health` answers again the weight process
+group is rebuilt and the newest version is sent to every engine even when it is the served one (a
+restarted engine came back with an older version from disk and must rejoin). Fake engines, real asyncio, the
 real `WeightWatcher`; the loader is a recording fake of `DistributedWeights`' interface."""
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def test_published_event_reaches_the_orchestrator_and_fails_on_transport_mismatc
 
 @pytest.fixture
 def engine_url(tiny_model_dir: Path, tmp_path: Path):
-    """A real embedded engine process on the tiny model (the other end of the weight group)."""
+    """A real embedded engine process on the tiny model (the other end of the weight process group)."""
     import httpx
 
     port = free_port()

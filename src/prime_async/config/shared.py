@@ -54,8 +54,9 @@ class LogConfig(BaseConfig):
     stall_after_s: float = Field(
         300.0,
         gt=0,
-        description="A wait between components (a batch, a weight load, a pause or flush, the eval pin, the "
-        "weight group, the final drain) that lasts longer than this is reported: one ERROR line naming "
+        description="A wait between components (a batch, a weight load, a pause or flush, the eval pin, "
+        "the weight process group, the final drain) that lasts longer than this is reported: one ERROR line "
+        "naming "
         "who waits on whom, and output_dir/stall.json. The run goes on (a peer may come back); the "
         "waits' own timeouts and the restart policy decide failure.",
     )
@@ -124,18 +125,22 @@ class WeightsConfig(BaseConfig):
         "filesystem", description="filesystem = broadcasts/step_N on disk; distributed = torch.distributed."
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
-        "auto", description="Backend of the weight group (distributed): auto = nccl on CUDA, gloo on CPU."
+        "auto",
+        description="Backend of the weight process group (distributed): auto = nccl on CUDA, gloo on CPU.",
     )
     bucket_mb: float = Field(
         256.0, gt=0, description="Bound on one bucket (one /update_weights_from_distributed call), MiB."
     )
     master_address: str = Field(
         "127.0.0.1",
-        description="Address of trainer rank 0 that every engine can reach: it hosts the weight group's "
-        "rendezvous (distributed).",
+        description="Address of trainer rank 0 that every engine can reach: it hosts the weight process "
+        "group's rendezvous (distributed).",
     )
     master_port: int = Field(
-        29650, ge=0, le=65535, description="Rendezvous port of the weight group (0: `rl` picks a free one)."
+        29650,
+        ge=0,
+        le=65535,
+        description="Rendezvous port of the weight process group (0: `rl` picks a free one).",
     )
     control_port: int | None = Field(
         None,
@@ -145,7 +150,7 @@ class WeightsConfig(BaseConfig):
         "transport.port + 1).",
     )
     timeout_s: float = Field(
-        600.0, gt=0, description="How long joining the weight group or one transfer may take."
+        600.0, gt=0, description="How long joining the weight process group or one transfer may take."
     )
 
     def resolved_control_port(self, transport: TransportConfig) -> int:

@@ -159,7 +159,7 @@ class HttpEngineClient:
         self, *, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
         backend: str,
     ) -> None:  # fmt: skip
-        """Join the weight group (blocks until every rank joined; the trainer is rank 0)."""
+        """Join the weight process group (blocks until every rank joined; the trainer is rank 0)."""
         payload = {
             "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
             "world_size": world_size, "group_name": group_name, "backend": backend,

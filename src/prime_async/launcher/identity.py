@@ -116,7 +116,7 @@ def _num_engines(inference: InferenceConfig) -> int:
 
 def run_ports(cfg: RLConfig) -> list[RunPort]:
     """Every port the run binds: the engines' HTTP ports (eval engines too), the batch stream, the control
-    channel and (distributed weights) the weight group's rendezvous."""
+    channel and (distributed weights) the weight process group's rendezvous."""
     sections = [("inference", cfg.inference)]
     if cfg.eval_inference is not None:
         sections.append(("eval_inference", cfg.eval_inference))

@@ -67,7 +67,7 @@ def resolve_backend(backend: str, device: torch.device | str) -> GroupBackend:
     if backend == "nccl" and not is_cuda:
         raise ValueError("weights.backend = 'nccl' needs CUDA tensors: use 'gloo' (or 'auto') on CPU")
     if backend not in ("gloo", "nccl"):
-        raise ValueError(f"weight group backend {backend!r}: expected 'gloo', 'nccl' or 'auto'")
+        raise ValueError(f"weight process group backend {backend!r}: expected 'gloo', 'nccl' or 'auto'")
     return backend  # type: ignore[return-value]
 
 
@@ -81,7 +81,7 @@ def join_weight_group(
     group_name: str,
     timeout_s: float = 600.0,
 ) -> dist.ProcessGroup:
-    """Join (rank 0: create) the weight-update group; blocks until all `world_size` ranks joined.
+    """Join (rank 0: create) the weight-update process group; blocks until all `world_size` ranks joined.
 
     Does not need (nor touch) the default process group: a torchrun trainer joins with its rank 0 only."""
     from torch.distributed.distributed_c10d import (
@@ -94,10 +94,10 @@ def join_weight_group(
 
     if world_size < 2 or not 0 <= rank < world_size:
         raise ValueError(
-            f"weight group: rank {rank} of world size {world_size} (needs 0 <= rank < size >= 2)"
+            f"weight process group: rank {rank} of world size {world_size} (needs 0 <= rank < size >= 2)"
         )
     if not group_name:
-        raise ValueError("weight group: group_name is empty")
+        raise ValueError("weight process group: group_name is empty")
     timeout = datetime.timedelta(seconds=timeout_s)
     host = f"[{master_address}]" if ":" in master_address else master_address
     store, rank, world_size = next(

@@ -57,7 +57,11 @@ class WeightReceiver:
         self._groups[group_name] = pg
         self._locks[group_name] = asyncio.Lock()
         logger.info(
-            "joined weight group %s as rank %d of %d (%s)", group_name, rank_offset, world_size, backend
+            "joined weight process group %s as rank %d of %d (%s)",
+            group_name,
+            rank_offset,
+            world_size,
+            backend,
         )
 
     def leave(self, group_name: str) -> bool:
@@ -67,7 +71,7 @@ class WeightReceiver:
         if pg is None:
             return False
         leave_weight_group(pg)
-        logger.info("left weight group %s", group_name)
+        logger.info("left weight process group %s", group_name)
         return True
 
     def leave_all(self) -> None:

@@ -6,7 +6,7 @@
         distributed: state kept in memory (the newest `snapshots_to_keep`), on disk only at
                      checkpoint steps and the last step (restarts load from there) ──► Published(n, buckets)
     control thread (weights/control.py), on the orchestrator's requests:
-        JoinGroup   ──► join the weight group as rank 0 (leaving an older one), reply done
+        JoinGroup   ──► join the weight process group as rank 0 (leaving an older one), reply done
         SendWeights ──► ack (version held) or refuse; broadcast every bucket in order; reply done
 
 Invariants: a version is announced only after it exists (STABLE written / snapshot stored); a snapshot
@@ -157,7 +157,7 @@ class WeightSync:
         if self._group is not None:
             leave_weight_group(self._group)
             self._group = None
-        logger.info("joining weight group %s (%s, world size %d) as rank 0 on %s:%d",
+        logger.info("joining weight process group %s (%s, world size %d) as rank 0 on %s:%d",
                     msg.group_name, backend, msg.world_size, msg.master_address, msg.master_port)  # fmt: skip
         self._group = join_weight_group(
             backend=backend, master_address=msg.master_address, master_port=msg.master_port, rank=0,
@@ -170,7 +170,7 @@ class WeightSync:
             held = self._snapshots.get(msg.version)
             versions = list(self._snapshots)
         if held is None or self._group is None:
-            why = "no weight group joined" if self._group is None else f"{VERSION_GONE}: {versions}"
+            why = "no weight process group joined" if self._group is None else f"{VERSION_GONE}: {versions}"
             raise ValueError(f"cannot send version {msg.version}: {why}")
         reply(Reply(msg.request_id, True, "ack"))
         tensors, buckets = held

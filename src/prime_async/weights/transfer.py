@@ -1,4 +1,5 @@
-"""Orchestrator side of `weights.transport = "distributed"`: the weight group and one version's transfer.
+"""Orchestrator side of `weights.transport = "distributed"`: the weight process group and one version's
+transfer.
 
     join (first load, and after an engine outage):
       /destroy_weights_update_group(old name) on every engine (best effort)
@@ -164,8 +165,8 @@ class DistributedWeights:
             self.cfg.master_address,
             _rendezvous_port(self.cfg.master_address, self.cfg.master_port),
         )
-        logger.info("building weight group %s: trainer + %d engine(s), %s on %s:%d", name, len(engines),
-                    backend, address, port)  # fmt: skip
+        logger.info("building weight process group %s: trainer + %d engine(s), %s on %s:%d", name,
+                    len(engines), backend, address, port)  # fmt: skip
         request = self.control.open_request(lambda rid: JoinGroup(rid, address, port, world, name, backend))
         try:
             await asyncio.gather(
@@ -203,6 +204,9 @@ def _rendezvous_port(address: str, port: int) -> int:
         probe.bind((address, 0))
         fresh = probe.getsockname()[1]
     logger.warning(
-        "weights.master_port %d on %s is in use; the weight group meets on port %d", port, address, fresh
+        "weights.master_port %d on %s is in use; the weight process group meets on port %d",
+        port,
+        address,
+        fresh,
     )
     return fresh
