@@ -53,7 +53,7 @@ class Episode:
 
 class RolloutSource(Protocol):
     """Runs single episodes of an environment against inference. Implemented with verifiers
-    (`orchestrator/envs/source.py`) in production and by in-process fakes in tests.
+    (`rollouts/source.py`) in production and by in-process fakes in tests.
 
     `run_episode` returns one `Episode`, or a list of them when the environment's episode trains
     several trajectories (one per seat of a multi-agent env); `num_examples` is None for an infinite
