@@ -26,7 +26,7 @@ from hf_engine import HFEngineClient
 
 from prime_async.config.env import EnvConfig
 from prime_async.engine_api import SamplingParams
-from prime_async.rollouts import VerifiersRolloutSource, build_rollout_source
+from prime_async.rollouts.source import VerifiersRolloutSource, build_rollout_source
 from prime_async.rollouts.types import Episode
 
 pytest.importorskip("verifiers.v1")

@@ -1,5 +1,8 @@
-"""verifiers environments as the orchestrator's rollout source, and the runners that play their episodes.
+"""Running episodes: what turns an environment and the inference engines into trained trajectories.
+Below both `orchestrator/` (training) and `eval/`; imports nothing above it (docs/ARCHITECTURE.md).
 
+    types.py             Episode, PolicySpan, RolloutSource (the protocol every source implements)
+    sources.py           the verifiers rollout sources of a list of env configs, and their metrics
     source.py            VerifiersRolloutSource: loads the env, opens a gateway session per episode,
                          runs it with the configured runner, converts the result (`build_rollout_source`)
     episode.py           verifiers episode/trace -> trained trajectories (tokens, masks, logprobs, versions)
@@ -7,10 +10,12 @@
     inprocess_tools.py   Python toolsets served in process (MCP in-memory transport), per rollout
     env_server.py        the other runner: verifiers' env server in a spawned process
     renderer_choice.py   which chat renderer a model gets; refusal of tool envs without one
+    gateway.py           the HTTP gateway in front of the engines (sticky engine per episode, seq_len clamp)
+    episode_errors.py    failed episodes logged once, summarised in fatal errors
+    engine_checks.py     engines healthy and belonging to this run
+    tasks.py             a taskset's tasks by example id (LazyTasks for streams)
+    seeds.py             the sampling seeds of deterministic runs
 
-Only `source.py` is imported by the rest of the orchestrator (through this package).
+This package's `__init__` imports nothing: `types` stays cheap to import (verifiers is loaded by
+`source.py` only, which takes ~6 s).
 """
-
-from prime_async.rollouts.source import VerifiersRolloutSource, build_rollout_source
-
-__all__ = ["VerifiersRolloutSource", "build_rollout_source"]
