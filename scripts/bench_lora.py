@@ -188,7 +188,7 @@ def main() -> None:
     p.add_argument("--child", choices=["full", "lora"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if not (Path(args.model) / "config.json").is_file():
-        sys.exit(f"{args.model} has no config.json: run scripts/prepare_smollm2.py first (docs/configuration.md)")
+        sys.exit(f"{args.model} has no config.json: run scripts/prepare_smollm2.py first")
     if args.child is not None:
         args.side = args.child
         print(json.dumps(side(args)))

@@ -4,8 +4,8 @@ SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE=1`, `--device cpu`, torch-native att
 imports one kernel from `sgl_kernel` on the paths our tests exercise: `assign_req_to_token_pool_cpu`,
 written here in plain torch. Any other `*_cpu` kernel raises NotImplementedError when called (a test
 that reaches one fails loudly); any other name is missing, so SGLang's own `ImportError` fallbacks apply.
-Put this directory first on PYTHONPATH to run real SGLang on a CPU-only machine (docs/lifecycle.md: "Real SGLang
-on CPU"; `tests/launcher/test_sglang_cpu.py` does).
+Put this directory first on PYTHONPATH to run real SGLang on a CPU-only machine (docs/lifecycle.md:
+"Real SGLang on CPU"; `tests/launcher/test_sglang_cpu.py` does).
 """
 
 from __future__ import annotations
