@@ -1,4 +1,10 @@
-"""Shared fixtures: the tiny offline model is built once per test session."""
+"""Shared fixtures: the tiny offline model is built once per test run (all xdist workers share it).
+
+The suite runs on parallel xdist workers (`-n` in pyproject's addopts): most tests wait on processes,
+HTTP or ZeroMQ part of the time, so two cores stay busy with more than one test at a time. Tests that
+must not overlap with others of their kind share an `xdist_group` (the matrix, whose cells run on a
+pool of their own; real SGLang servers; runs that hold the default ports).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from shared_builds import built_once
+
+# The processes the tests start cache the bytecode of this project's own modules (src/, environments/)
+# instead of compiling them from source every time (installed packages are compiled by `uv sync`).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -24,7 +35,14 @@ def _has_cuda() -> bool:
         return False
 
 
+# Files that start first: the longest critical paths (the matrix runs its cells on a pool of its own, so
+# its worker is busy for the whole suite; the SmolLM2 conversion feeds several tests).
+FIRST = ("tests/matrix/test_matrix.py", "tests/models/test_smollm2.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))  # stable: order kept
     if _has_cuda():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
@@ -38,7 +56,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory of the tiny random Qwen3-style model + ChatML tokenizer (HF format, safetensors)."""
     from prime_async.models.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+    return built_once(tmp_path_factory, "tiny_model", build_tiny_model)
 
 
 @pytest.fixture(autouse=True)

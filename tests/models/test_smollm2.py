@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from prime_async.models.smollm2 import MARKER, ensure_smollm2, find_smollm2_gguf, is_prepared
+from shared_builds import built_once
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,17 +35,19 @@ def test_a_directory_without_marker_is_not_prepared(tmp_path: Path) -> None:
     assert ensure_smollm2(tmp_path) == tmp_path.resolve()  # complete: nothing to do, returns at once
 
 
-@pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Converted once through the real script (a subprocess, like a user runs it)."""
-    out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct"
+def _convert(out: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "prepare_smollm2.py"), str(out)],
         capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Converted once per test run through the real script (a subprocess, like a user runs it)."""
+    return built_once(tmp_path_factory, "smollm2-135m-instruct", _convert)
 
 
 @pytest.mark.slow
