@@ -30,7 +30,7 @@ def config(tmp_path: Path, **over: object) -> OrchestratorConfig:
     return OrchestratorConfig.model_validate({
         "output_dir": str(tmp_path), "max_steps": 3, "seq_len": 256, "batch_groups": 2, "group_size": 2,
         "wandb": {"enabled": False}, "sampling": {"temperature": 1.0, "max_tokens": 6},
-        "env": {"id": "reverse-text", "args": {"num_examples": 16, "task": {"rewards": rewards}}},
+        "envs": [{"id": "reverse-text", "args": {"num_examples": 16, "task": {"rewards": rewards}}}],
         **over,
     })  # fmt: skip
 

@@ -72,7 +72,7 @@ def test_no_trained_group_is_staler_than_k(
     cfg = config(
         max_steps=15, max_off_policy_steps=k, batch_groups=batch_groups, group_size=group_size,
         max_buffered_groups=buffer_factor * batch_groups, max_inflight_groups=inflight,
-        submission_granularity=granularity, pause_mode=pause_mode, unused_handler=unused,
+        submission_granularity=granularity, weights={"pause_mode": pause_mode}, unused_handler=unused,
         sink={"order": order}, max_dropped_groups_per_step=10_000,
     )  # fmt: skip
     params = SimParams(seed=seed, latency_s=latency, pareto_alpha=alpha, train_time_s=train_time,
@@ -126,7 +126,7 @@ def test_pause_modes_drive_engines():
         ("in_place", ("pause", "in_place")),
         ("drain", None),
     ]:
-        cfg = config(max_steps=6, max_off_policy_steps=2, pause_mode=mode)
+        cfg = config(max_steps=6, max_off_policy_steps=2, weights={"pause_mode": mode})
         result = run_virtual(run_simulation(cfg, SimParams(seed=1)))
         check_run(result, cfg)
         for engine in result.engines:
