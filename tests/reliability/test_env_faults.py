@@ -41,8 +41,8 @@ def test_reward_faults_and_overlong_are_counted_and_the_run_goes_on(tiny_model_d
         "batch_groups": 2, "group_size": 2,
         "max_off_policy_steps": steps, "unused_handler": "retry", "wandb": {"enabled": False},
         "sampling": {"temperature": 1.0, "max_tokens": 40},
-        "envs": [{"id": "reverse-text", "args": {"num_examples": 64,
-                                                "task": {"rewards": {"lcs": {"fn": f"{FLAKY}:flaky_reward"}}}}}],
+        "envs": [{"id": "reverse-text", "args": {
+            "num_examples": 64, "task": {"rewards": {"lcs": {"fn": f"{FLAKY}:flaky_reward"}}}}}],
     })  # fmt: skip
     engine = HFEngineClient(model_dir=str(tiny_model_dir), version=0)
     trained: dict[int, list] = {}
