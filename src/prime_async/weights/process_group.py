@@ -24,27 +24,13 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-import msgspec
 import torch
 import torch.distributed as dist
 
+from prime_async.weights.control import TensorMeta
+
 GroupBackend = Literal["gloo", "nccl"]
 DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default `group_name`
-
-
-class TensorMeta(msgspec.Struct, frozen=True):
-    """Name, dtype name and shape of one HF tensor of a published version."""
-
-    name: str
-    dtype: str
-    shape: list[int]
-
-    @property
-    def nbytes(self) -> int:
-        numel = 1
-        for dim in self.shape:
-            numel *= dim
-        return numel * torch.empty((), dtype=dtype_of(self.dtype)).element_size()
 
 
 def dtype_name(dtype: torch.dtype) -> str:

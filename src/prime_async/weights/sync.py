@@ -33,9 +33,16 @@ import torch
 import torch.distributed as dist
 
 from prime_async.config.trainer import TrainerConfig
-from prime_async.weights.control import VERSION_GONE, ControlClient, JoinGroup, Published, Reply, SendWeights
-from prime_async.weights.process_group import (
+from prime_async.weights.control import (
+    VERSION_GONE,
+    ControlClient,
+    JoinGroup,
+    Published,
+    Reply,
+    SendWeights,
     TensorMeta,
+)
+from prime_async.weights.process_group import (
     join_weight_group,
     leave_weight_group,
     metas_of,

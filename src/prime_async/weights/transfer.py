@@ -38,8 +38,8 @@ from prime_async.weights.control import (
     Published,
     Refused,
     SendWeights,
+    TensorMeta,
 )
-from prime_async.weights.process_group import TensorMeta
 from prime_async.weights.watcher import UpdateSignal, VersionGone
 
 logger = logging.getLogger(__name__)
