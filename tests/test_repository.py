@@ -10,12 +10,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
+
+from repo_graph import repo_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "prime_async"
@@ -57,17 +56,8 @@ def test_pause_mode_literals_are_defined_once():
     assert places == ["types.py"], f"pause-mode literals spelled out in {places}; import prime_async.types"
 
 
-def _repo_figures() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("repo_figures", ROOT / "scripts" / "repo_figures.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_package_imports_follow_the_documented_layers():
-    figures = _repo_figures()
+    figures = repo_figures()
     imports = figures.module_imports()
     edges = figures.package_edges(imports)
     layers = figures.declared_layers()
@@ -83,6 +73,6 @@ def test_package_imports_follow_the_documented_layers():
 
 
 def test_the_orchestrator_stays_a_small_part_of_the_code():
-    lines = _repo_figures().lines_per_part()
+    lines = repo_figures().lines_per_part()
     share = lines["orchestrator"] / sum(lines.values())
     assert share < 0.15, f"orchestrator/ is {share:.1%} of the code; move what is not the run loop below it"

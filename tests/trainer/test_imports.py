@@ -1,13 +1,13 @@
 """Import structure: no cycle in the trainer and orchestrator packages, and each trainer backend imports
 alone without the loop.
 
-The graph is read from the source with `ast` (every import statement, also those inside functions), so a
-lazy import cannot hide a cycle; the backends are imported in fresh interpreters.
+The graph is read from the source with `ast` by `scripts/repo_figures.py` (every import statement, also
+those inside functions), so a lazy import cannot hide a cycle; the backends are imported in fresh
+interpreters.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import subprocess
 import sys
@@ -17,40 +17,15 @@ import pytest
 
 import prime_async.orchestrator
 import prime_async.trainer
+from repo_graph import import_graph as package_import_graph
 
 TRAINER = Path(prime_async.trainer.__file__).parent
 PKG = "prime_async.trainer"
 
 
-def _module_name(path: Path, root: Path) -> str:
-    parts = path.relative_to(root.parent.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _targets(node: ast.AST, module: str, is_package: bool, modules: set[str]) -> set[str]:
-    if isinstance(node, ast.Import):
-        return {a.name for a in node.names}
-    if not isinstance(node, ast.ImportFrom):
-        return set()
-    if node.level:  # relative import
-        base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
-        source = ".".join(base + ([node.module] if node.module else []))
-    else:
-        source = node.module or ""
-    # `from pkg import mod` imports the submodule `pkg.mod`
-    return {source} | {f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in modules}
-
-
 def import_graph(root: Path = TRAINER) -> dict[str, set[str]]:
     """module -> the modules of the package at `root` it imports (package parents are not edges)."""
-    files = {_module_name(p, root): p for p in root.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for module, path in files.items():
-        found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            found |= _targets(node, module, path.name == "__init__.py", set(files))
-        graph[module] = {m for m in found if m in files and m != module and not module.startswith(m + ".")}
-    return graph
+    return package_import_graph(".".join(root.relative_to(root.parents[1]).parts))
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
