@@ -42,14 +42,15 @@ def _has_cuda() -> bool:
 # this order, so the long files never start last and stretch the run. The matrix runs its cells on a
 # pool of its own and keeps its worker busy for most of the suite.
 FIRST = (
-    "tests/matrix/test_matrix.py",  # ~730
-    "tests/launcher/test_sglang_cpu.py",  # ~250
+    "tests/matrix/test_matrix.py",  # ~730 in all, on its own pool
+    "tests/launcher/test_sglang_cpu.py",  # ~400: two real SGLang servers, 1-3 min start-up each
+    "tests/launcher/test_sglang_distributed.py",  # ~100: a third
     "tests/launcher/test_lifecycle.py",  # ~190
     "tests/orchestrator/test_distributed_rl.py",  # ~190
     "tests/orchestrator/test_env_kinds_rl.py",  # ~190
+    "tests/reliability/test_faults.py",  # ~200
     "tests/megatron/test_megatron_backend.py",  # ~150
     "tests/environments/test_tool_env.py",  # ~150
-    "tests/reliability/test_faults.py",  # ~145
     "tests/models/test_smollm2.py",  # ~130 (the conversion other tests wait for)
     "tests/orchestrator/test_lora_rl.py",  # ~120
     "tests/environments/test_episodes.py",  # ~100
