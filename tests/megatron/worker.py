@@ -1,5 +1,5 @@
-"""Megatron worker for the tests, run under `torchrun --nproc-per-node {1,2}`: on CPU with the CPU shim
-(gloo), or with `--device cuda` on GPUs (NCCL, no shim; `tests/megatron/test_megatron_gpu.py`).
+"""Megatron worker for the tests, run under `torchrun --nproc-per-node {1,2}`: on CPU ranks (gloo,
+`trainer/megatron/cpu_ranks.py`), or with `--device cuda` on GPUs (NCCL; `test_megatron_gpu.py`).
 
 Writes (rank 0) into --out: `logits.pt` (packed logits of every test row, per model dir), `initial.pt` and
 `after.pt` (the exported HF state dicts before and after one train step, of `--steps-per-batch` optimizer
@@ -17,21 +17,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cpu_shim import apply_cpu_shim
+import torch
 
-apply_cpu_shim()
+from prime_async.trainer.megatron.cpu_ranks import enable_cpu_ranks
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from megatron_batches import make_micro_batches, num_loss_tokens  # noqa: E402
+if not torch.cuda.is_available():
+    torch.set_num_threads(1)
+    enable_cpu_ranks()
 
-from prime_async.config.megatron import MegatronConfig, read_hf_config  # noqa: E402
-from prime_async.config.trainer import MaskLossConfig, OptimConfig  # noqa: E402
-from prime_async.trainer.loss import build_loss_fn  # noqa: E402
-from prime_async.trainer.megatron.backend import MegatronBackend  # noqa: E402
-from prime_async.trainer.megatron.batch import pack_logits, unpack  # noqa: E402
-from prime_async.trainer.megatron.model import build_gpt_model, load_hf_weights  # noqa: E402
-from prime_async.transport.zmq_batches import RankBatch  # noqa: E402
+import torch.distributed as dist
+from megatron_batches import make_micro_batches, num_loss_tokens
+
+from prime_async.config.megatron import MegatronConfig, read_hf_config
+from prime_async.config.trainer import MaskLossConfig, OptimConfig
+from prime_async.trainer.loss import build_loss_fn
+from prime_async.trainer.megatron.backend import MegatronBackend
+from prime_async.trainer.megatron.batch import pack_logits, unpack
+from prime_async.trainer.megatron.model import build_gpt_model, load_hf_weights
+from prime_async.transport.zmq_batches import RankBatch
 
 TEMPERATURE = 0.9
 LR = 1e-3

@@ -306,8 +306,6 @@ class TrainerConfig(BaseConfig):
     def _check_megatron(self) -> TrainerConfig:
         if self.backend == "megatron":
             validate_megatron_setup(self.megatron, self.model.path)
-            if self.ckpt.interval is not None or self.resume:
-                raise ValueError("backend = 'megatron' has no checkpoints yet: unset ckpt.interval, resume")
             if self.lora is not None:
                 raise ValueError(
                     "lora is supported on backend = 'fsdp' only: megatron-core has no adapter layers here; "

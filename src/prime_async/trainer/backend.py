@@ -13,7 +13,8 @@ Contract, on every rank:
 - `pretrained_config()` is the HF config published beside the weights;
 - `hf_state_dict()` is collective: the full HF-named weights on global rank 0 (other ranks may get None);
 - `save_checkpoint` / `load_checkpoint` are collective; `load_checkpoint` returns the next step to train.
-  A backend without checkpoints (megatron, so far) refuses `resume` and `ckpt.interval` when it is built.
+  Both write the directory protocol of `trainer/ckpt.py` (atomic `step_{n}`, `COMPLETE` last), so the
+  loop's resume, restarts and rollback are the same for both backends.
 """
 
 from __future__ import annotations

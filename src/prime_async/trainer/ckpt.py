@@ -1,15 +1,18 @@
 """Full training-state checkpoints for `--resume`: `output_dir/checkpoints/trainer/step_{n}/`.
 
-`step_{n}` holds the state after n trainer steps (batches of `optim.num_steps_per_batch` optimizer steps
-each; the next batch to train is n; the weights are version n): model and optimizer (full, unsharded
-state dicts, so a different world size can resume), LR scheduler, step, and the torch RNG states.
+This module holds the directory protocol both backends share (`atomic_step_dir`, `read_state`) and the
+fsdp backend's state; the megatron backend's sharded state is in `trainer/megatron/checkpoint.py`.
+`step_{n}` holds the state after n trainer steps (batches of `optim.num_steps_per_batch` optimizer
+steps each; the next batch to train is n; the weights are version n). For fsdp: model and optimizer
+(full, unsharded state dicts, so a different world size can resume), LR scheduler, step, torch RNG.
 Called by the trainer's main loop on every rank (gathering the state is a collective); rank 0 writes.
 
 Invariants:
 - atomic: written under `checkpoints/trainer/.tmp_step_{n}`, `COMPLETE` written last, then renamed;
 - `latest_checkpoint` returns the newest directory with `COMPLETE`; newer incomplete ones are skipped
   with a warning, never loaded;
-- files are read with `torch.load(weights_only=True)` (no arbitrary pickle execution).
+- files are read with `torch.load(weights_only=True)` (no arbitrary pickle execution);
+- `trainer.pt` names the backend that wrote it: the other backend refuses it (`read_state`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -74,6 +78,52 @@ def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+@contextmanager
+def atomic_step_dir(output_dir: Path, step: int, *, keep: int | None, subdirs: tuple[str, ...] = ()):
+    """Collective: yields `checkpoints/trainer/.tmp_step_{step}` (made by rank 0, with `subdirs`, before
+    any rank writes); after every rank has left the block, rank 0 writes `COMPLETE`, renames it to
+    `step_{step}` and keeps the newest `keep` checkpoints. Used by both backends."""
+    root = checkpoint_root(output_dir)
+    tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
+    if _is_rank0():
+        shutil.rmtree(tmp, ignore_errors=True)
+        for sub in ("", *subdirs):
+            (tmp / sub).mkdir(parents=True, exist_ok=True)
+    _barrier()
+    yield tmp
+    _barrier()
+    if _is_rank0():
+        (tmp / COMPLETE).write_text(f"{step}\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        if keep is not None:
+            for old in checkpoint_steps(output_dir, warn=False)[:-keep]:
+                shutil.rmtree(root / f"step_{old}", ignore_errors=True)
+        logger.info("checkpoint saved: %s", final)
+    _barrier()
+
+
+def write_state(path: Path, state: dict) -> None:
+    """`torch.save` + fsync (the state must be on disk before `COMPLETE` is)."""
+    torch.save(state, path)
+    with path.open("rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def read_state(path: Path, *, backend: str) -> dict:
+    """The `trainer.pt` of checkpoint `path` (weights only); a checkpoint of the other backend is refused
+    with a ValueError naming both (their model layouts differ)."""
+    state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    saved = state.get("backend", "fsdp")
+    if saved != backend:
+        raise ValueError(
+            f"checkpoint {path} was written by trainer.backend = '{saved}' but this trainer is '{backend}': "
+            f"resume with backend = '{saved}', or start a new output_dir"
+        )
+    return state
+
+
 def save_checkpoint(
     *,
     output_dir: Path,
@@ -90,6 +140,7 @@ def save_checkpoint(
     frozen base comes from `model.path` again on resume."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
     state = {
+        "backend": "fsdp",
         "trainable_only": trainable_only,
         "step": step,
         "model": get_model_state_dict(model, options=options),
@@ -102,29 +153,15 @@ def save_checkpoint(
         state["model"] = {k: v for k, v in state["model"].items() if k in trainable}
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state()
-    if _is_rank0():
-        root = checkpoint_root(output_dir)
-        tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        torch.save(state, tmp / STATE_FILE)
-        with (tmp / STATE_FILE).open("rb") as fh:
-            os.fsync(fh.fileno())
-        (tmp / COMPLETE).write_text(f"{step}\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        if keep is not None:
-            for old in checkpoint_steps(output_dir, warn=False)[:-keep]:
-                shutil.rmtree(root / f"step_{old}", ignore_errors=True)
-        logger.info("checkpoint saved: %s", final)
-    _barrier()
+    with atomic_step_dir(output_dir, step, keep=keep) as tmp:
+        if _is_rank0():
+            write_state(tmp / STATE_FILE, state)
 
 
 def load_checkpoint(path: Path, *, model, optimizer, scheduler, trainable_only: bool = False) -> int:
     """Restore every rank from `path`; returns the next step to train. A checkpoint of the other kind
     (adapter-only vs full) is refused with a ValueError naming both."""
-    state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    state = read_state(path, backend="fsdp")
     saved_kind = bool(state.get("trainable_only", False))
     if saved_kind != trainable_only:
         kinds = {True: "LoRA adapter-only", False: "full-weight"}

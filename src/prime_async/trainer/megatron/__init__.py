@@ -22,8 +22,10 @@ batch into one share per process; the TP/PP ranks of a replica gather their shar
 `scripts/gpu_smoke_megatron.sh` checks it on a GPU machine.
 
 Limits (checked at config validation): dense Llama/Qwen2/Qwen3 only (no MoE mapping yet, so expert
-parallel is 1), no sequence parallelism (needs TransformerEngine specs), no full-state checkpoints.
-On CPU the tests run this same code through a shim (`tests/megatron/cpu_shim.py`), never in product code.
+parallel is 1), no sequence parallelism (needs TransformerEngine specs).
+Checkpoints: `checkpoint` (sharded, `megatron.core.dist_checkpointing`, loadable at another layout);
+`export-megatron` converts one to an HF directory. Without CUDA the same code runs on CPU ranks over gloo
+(`cpu_ranks`): `uv run rl @ configs/tiny/rl_megatron.toml`.
 
 Importing this package first runs `cuda_kernels.hide_unloadable_kernels()`: CUDA-only kernels that the
 `sglang` extra installs (`flash_mla`) raise OSError on a machine without the CUDA driver, which

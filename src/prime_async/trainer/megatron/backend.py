@@ -19,7 +19,8 @@ Invariants:
   DDP reads it) makes DDP sum gradients, and the finalize hook is called without a token count;
 - a non-finite gradient norm raises before the optimizer updates anything;
 - every rank of one data-parallel replica (its TP and PP ranks) trains on the same micro-batches;
-- no full-state checkpoints yet: `from_config` refuses `resume` and `ckpt.interval` before building anything.
+- checkpoints (`trainer/megatron/checkpoint.py`) are sharded and layout-free: resume at another TP/PP/DP;
+- without CUDA the ranks run on CPU over gloo (`cpu_ranks.enable_cpu_ranks`, installed before any model).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from prime_async.config.megatron import MegatronConfig, read_hf_config, validate
 from prime_async.config.trainer import OptimConfig, TrainerConfig
 from prime_async.trainer.loss import LossFn, build_loss_fn
 from prime_async.trainer.megatron.batch import PaddedBatch, pack_logits, unpack
+from prime_async.trainer.megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
+from prime_async.trainer.megatron.cpu_ranks import enable_cpu_ranks
 from prime_async.trainer.megatron.model import (
     build_gpt_model,
     export_hf_state_dict,
@@ -77,10 +80,7 @@ def replica_micro_batches(own: list[MicroBatch]) -> list[MicroBatch]:
     return [mb for share in shares for mb in share or []]
 
 
-NO_CHECKPOINTS = "trainer.backend = 'megatron' has no checkpoints yet: unset ckpt.interval and resume"
-
-
-def _init_single_process_group(device: torch.device) -> None:
+def init_single_process_group(device: torch.device) -> None:
     """megatron-core needs a process group even at world size 1 (outside torchrun)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -124,11 +124,11 @@ class MegatronBackend:
 
     @classmethod
     def from_config(cls, cfg: TrainerConfig, device: torch.device) -> MegatronBackend:
-        """The backend of the trainer loop; refuses checkpoint settings before building anything."""
-        if cfg.resume or cfg.ckpt.interval is not None:
-            raise ValueError(NO_CHECKPOINTS)
+        """The backend of the trainer loop (CPU ranks over gloo when the device is the CPU)."""
+        if device.type == "cpu":
+            enable_cpu_ranks()
         if not dist.is_initialized():
-            _init_single_process_group(device)
+            init_single_process_group(device)
         return cls(
             megatron=cfg.megatron,
             model_path=cfg.model.path,
@@ -334,10 +334,23 @@ class MegatronBackend:
         return AutoConfig.from_pretrained(self.model_path)
 
     def save_checkpoint(self, *, output_dir: Path, step: int, keep: int | None) -> None:
-        raise NotImplementedError(NO_CHECKPOINTS)
+        layout = {
+            "tp": self.cfg.tensor_parallel_size,
+            "pp": self.cfg.pipeline_parallel_size,
+            "dp": mpu.get_data_parallel_world_size(),
+        }
+        save_megatron_checkpoint(
+            model=self.model,
+            optimizer=self.optimizer,
+            output_dir=output_dir,
+            step=step,
+            keep=keep,
+            model_path=str(self.model_path),
+            layout=layout,
+        )
 
     def load_checkpoint(self, path: Path) -> int:
-        raise NotImplementedError(NO_CHECKPOINTS)
+        return load_megatron_checkpoint(path, model=self.model, optimizer=self.optimizer)
 
 
 def _finalize_without_token_scaling(model, num_tokens, **kwargs) -> None:

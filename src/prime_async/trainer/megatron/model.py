@@ -9,7 +9,7 @@ Steps, each a function: `init_parallel_state` (TP/PP groups from `MegatronConfig
 
 Invariants: loading is strict (every megatron parameter is set, no HF tensor of the stage is left over);
 `export_hf_state_dict(load_hf_weights(hf)) == hf` exactly on global rank 0; this module holds no CPU
-workaround (the test shim in `tests/megatron/cpu_shim.py` does that), only the `device` it is given.
+workaround (`cpu_ranks.py` does that), only the `device` it is given.
 """
 
 from __future__ import annotations

@@ -1,21 +1,23 @@
-"""Test-only shim: megatron-core 0.16.1 (local layer spec, gloo) on CPU. Never imported by product code.
+"""Megatron-core (0.16, local layer spec) on CPU ranks over gloo: small runs, CI and checkpoint tests.
 
-Each piece is the smallest one found that works, and none changes numerics:
+`MegatronBackend.from_config` calls `enable_cpu_ranks()` when the trainer has no CUDA device, so
+`uv run rl @ configs/tiny/rl_megatron.toml` trains the tiny model on a laptop with the same code path as
+on GPUs. Each piece is the smallest one found that works, and none changes numerics:
 - `torch.cuda.current_device()` returns the CPU device: megatron-core allocates rotary frequencies, grad
-  buffers and TP communication buffers on `torch.cuda.current_device()`.
+  buffers and TP communication buffers on `torch.cuda.current_device()`;
+- `torch.cuda.synchronize()` is a no-op: dist_checkpointing calls it before writing shards;
 - a `TorchFunctionMode` serves tensor factories called with `device="cuda"` (hard-coded in the pipeline
   schedules' token counter and the optimizer's overflow buffer) and `Tensor.cuda()` from the CPU, and makes
   `Tensor.type()` report `torch.cuda.*` names: megatron's optimizer and grad clipping assert
-  `param.type() == "torch.cuda.FloatTensor"` as a plain string check.
+  `param.type() == "torch.cuda.FloatTensor"` as a plain string check;
 - the RNG tracker is (re)initialised as an inference tracker: the default one snapshots CUDA RNG states.
   Dropout is 0 in every config the backend builds, so no randomness is lost.
-With it, the product path itself (megatron DDP, distributed optimizer, forward/backward schedule, grad
-finalisation) runs unchanged in the tests.
+
+Invariant: never called in a process that has CUDA (`enable_cpu_ranks` refuses), so GPU runs are untouched.
+The mode costs a Python call per torch function, which is why it is not installed for the fsdp backend.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -40,30 +42,17 @@ class _CudaToCpu(TorchFunctionMode):
 _MODE: _CudaToCpu | None = None
 
 
-def apply_cpu_shim() -> None:
-    """Redirect megatron-core's CUDA device queries to the CPU and install a CUDA-free RNG tracker."""
+def enable_cpu_ranks() -> None:
+    """Redirect megatron-core's CUDA device queries to the CPU and install a CUDA-free RNG tracker
+    (idempotent). Raises RuntimeError when CUDA is available: GPU runs must not go through it."""
     global _MODE
-    torch.set_num_threads(1)
+    if torch.cuda.is_available():
+        raise RuntimeError("enable_cpu_ranks() is for processes without CUDA")
     if _MODE is None:
         _MODE = _CudaToCpu()
         _MODE.__enter__()
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-
-
-def init_gloo_single_process() -> None:
-    """World size 1 process group on a free loopback port (idempotent)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    dist.init_process_group("gloo", rank=0, world_size=1)
