@@ -72,5 +72,5 @@ def test_resume_at_another_layout_is_exact_and_exports(tiny_model_dir: Path, tmp
 
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode != 0 and "exists and is not empty" in again.stderr
-    with pytest.raises(ValueError, match="trainer.backend = 'megatron' but this trainer is 'fsdp'"):
+    with pytest.raises(ValueError, match=r"trainer\.backend = 'megatron' but this trainer is 'fsdp'"):
         load_checkpoint(saved, model=None, optimizer=None, scheduler=None)

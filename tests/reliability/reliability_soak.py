@@ -27,6 +27,7 @@ BUCKETS = ("inflight", "buffered", "trained", "dropped_stale", "filtered", "erro
 class Kill:
     component: str  # inference | trainer | orchestrator
     at_step: int  # after this many orchestrator metric rows exist
+    after: str | None = None  # ... and once this path (relative to the run's output dir) exists
     pid: int = 0
     time: float = 0.0  # time.time() of the SIGKILL
 
@@ -75,7 +76,8 @@ def _killer(run: SoakRun, stop: threading.Event) -> None:
         while not stop.is_set():
             rows = len(read_jsonl(metrics))
             pid = _component_pid(run.out, kill.component)
-            if rows >= kill.at_step and pid is not None:
+            ready = kill.after is None or (run.out / kill.after).exists()
+            if rows >= kill.at_step and ready and pid is not None:
                 kill.pid, kill.time = pid, time.time()
                 logs = {name: _log_size(run.out, name) for name in ("orchestrator", "trainer")}
                 os.kill(pid, signal.SIGKILL)
