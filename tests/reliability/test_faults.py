@@ -126,9 +126,9 @@ def test_trainer_killed_between_checkpoints_is_survived(
     backend: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Checkpoint interval 5, default transport settings, trainer SIGKILLed at a step that is not a
-    checkpoint step (after checkpoint 10 is complete): the run rolls back to step 10, the engines serve version 10, and the run completes
-    with every step trained and no negative staleness. The same for both backends (megatron: sharded
-    checkpoints on CPU ranks)."""
+    checkpoint step (after checkpoint 10 is complete): the run rolls back to step 10, the engines serve
+    version 10, and the run completes with every step trained and no negative staleness. The same for
+    both backends (megatron: sharded checkpoints on CPU ranks)."""
     if backend == "megatron":
         pytest.importorskip("megatron.core", reason="needs the `megatron` extra")
     steps = 14
