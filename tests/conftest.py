@@ -81,6 +81,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built_once(tmp_path_factory, "tiny_model", build_tiny_model)
 
 
+@pytest.fixture(scope="session")
+def tiny_moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory of the tiny random Qwen3-MoE model (4 experts, top-2) with the tiny model's tokenizer."""
+    from prime_async.models.tiny import build_tiny_moe_model
+
+    return built_once(tmp_path_factory, "tiny_moe_model", build_tiny_moe_model)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_renderers_lock() -> None:
     """`renderers.client` keeps a module-level asyncio.Lock that binds to the first event loop that

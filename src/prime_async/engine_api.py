@@ -65,6 +65,8 @@ class GenerateResult:
 
     `output_logprobs[i]` is the logprob of `output_ids[i]` under the sampling distribution
     (log-softmax of logits / temperature); `token_versions[i]` the weight version it was sampled under.
+    `routed_experts` (when asked for) holds the experts of positions [0, prompt + output - 1) of the
+    request, flat: position-major, then layer, then the k experts (SGLang's layout).
     """
 
     rid: str
@@ -75,6 +77,7 @@ class GenerateResult:
     prompt_tokens: int
     weight_version: int
     meta_info: dict[str, Any] = field(default_factory=dict)
+    routed_experts: Any = None  # MoE + `return_routed_experts`: int32 numpy, flat (positions x layers x k)
 
 
 class EngineClient(Protocol):

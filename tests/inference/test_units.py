@@ -186,25 +186,31 @@ def packable_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("packable"), hidden_size=512, num_heads=8)
 
 
+MODEL_FIXTURES = {"packable": "packable_model_dir", "tiny": "tiny_model_dir", "moe": "tiny_moe_model_dir"}
+
+
 @pytest.mark.parametrize(
-    ("model", "kernels"), [("packable", "packed"), ("packable", "dense"), ("tiny", "packed")]
+    ("model", "kernels"),
+    [("packable", "packed"), ("packable", "dense"), ("tiny", "packed"), ("moe", "packed")],
 )
 def test_runner_logprobs_match_hf_forward_at_every_batch_size(request, model, kernels) -> None:
     """Prefill, then decode steps over 4, 3, 2 and 1 running slots (packed projections serve > 2 rows,
     the dense weights <= 2): every position's log-softmax equals an HF forward of the whole sequence.
-    The tiny model's weights are all below the packing threshold, so nothing of it is packed."""
+    The tiny model's weights are all below the packing threshold, so nothing of it is packed. The MoE
+    model's experts are routed as transformers routes them: the same logits, and the same experts."""
     from prime_async.inference.linear import packing_available
     from prime_async.inference.model_runner import ModelRunner
 
     torch.set_num_threads(1)
-    model_dir = request.getfixturevalue("packable_model_dir" if model == "packable" else "tiny_model_dir")
+    model_dir = request.getfixturevalue(MODEL_FIXTURES[model])
     runner = ModelRunner(
         model_path=str(model_dir), dtype="float32", device="cpu", num_slots=4, max_len=64, chunk=16,
         kernels=kernels,
     )  # fmt: skip
     onednn = packing_available(torch.device("cpu"), torch.float32)
     packs = model == "packable" and kernels == "packed" and onednn
-    projections = [runner.lm_head, *(lw[k] for lw in runner.layers for k in ("qkv", "o", "gate_up", "down"))]
+    names = ("qkv", "o") if model == "moe" else ("qkv", "o", "gate_up", "down")
+    projections = [runner.lm_head, *(lw[k] for lw in runner.layers for k in names)]
     assert [p.packed is not None for p in projections] == [packs] * len(projections)
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, runner.vocab_size, (n,), generator=g).tolist() for n in (20, 17, 14, 11)]
@@ -224,6 +230,35 @@ def test_runner_logprobs_match_hf_forward_at_every_batch_size(request, model, ke
                 worst = max(worst, float((got[b] - refs[b][pos[b]]).abs().max()))
                 pos[b] += 1
     assert worst < 1e-4
+
+
+def test_runner_routes_are_the_experts_transformers_picks(tiny_moe_model_dir: Path) -> None:
+    """`take_routes` after a prefill and a decode step: per token and layer, the top-k experts of
+    transformers. own router on the whole sequence; each forward.s routes are taken once."""
+    from prime_async.inference.model_runner import ModelRunner
+
+    runner = ModelRunner(
+        model_path=str(tiny_moe_model_dir), dtype="float32", device="cpu", num_slots=2, max_len=64, chunk=16
+    )
+    seq = torch.randint(3, runner.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    picked = []
+    hooks = [
+        layer.mlp.gate.register_forward_hook(lambda _m, _i, out: picked.append(out[2]))
+        for layer in runner.model.model.layers
+    ]
+    with torch.inference_mode():
+        runner.model(torch.tensor([seq]))
+        runner.prefill([seq[:11]], [0])
+        prompt_routes = runner.take_routes()
+        runner.decode(torch.tensor([seq[11]]), torch.tensor([11]), 12)
+        decode_routes = runner.take_routes()
+    for h in hooks:
+        h.remove()
+    expected = torch.stack(picked, dim=1)  # (12, layers, k)
+    assert prompt_routes.shape == (11, 3, 2) and decode_routes.shape == (1, 3, 2)
+    got = torch.cat([prompt_routes, decode_routes])
+    assert torch.equal(got.sort(-1).values, expected.sort(-1).values)
+    assert runner.take_routes() is None
 
 
 def test_client_reports_unreachable_engine_as_engine_unavailable():

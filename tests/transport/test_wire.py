@@ -40,6 +40,31 @@ def test_round_trip_every_rank() -> None:
                 assert getattr(got, name).dtype == getattr(want, name).dtype
 
 
+def test_routed_experts_round_trip_and_padding_rows_unknown() -> None:
+    """MoE routing replay: (T, layers * k) int16 per micro-batch; a row without routes (padding) arrives
+    as all -1 (unknown); a batch with mixed widths is refused."""
+    batch = make_batch(3, LAYOUT)
+    rng = np.random.default_rng(0)
+    for mbs in batch.micro_batches:
+        for mb in mbs[:1]:
+            mb.routed_experts = rng.integers(0, 4, (mb.num_tokens, 6)).astype(np.int16)
+    for rank in range(2):
+        header, mbs = decode_rank_slice(_frames_of(batch, rank), max_frame_bytes=1 << 20)
+        assert header.routes_width == 6
+        for got, want in zip(mbs, batch.micro_batches[rank], strict=True):
+            expected = want.routes_or_unknown(6)
+            np.testing.assert_array_equal(got.routed_experts, expected)
+    assert (decode_rank_slice(_frames_of(batch, 0), max_frame_bytes=1 << 20)[1][1].routed_experts == -1).all()
+    batch.micro_batches[0][1].routed_experts = np.zeros((batch.micro_batches[0][1].num_tokens, 4), np.int16)
+    with pytest.raises(WireError, match="different widths"):
+        encode_rank_slice(batch, 0)
+    assert decode_rank_slice(_frames(0), max_frame_bytes=1 << 20)[1][0].routed_experts is None
+
+
+def _frames_of(batch, rank: int) -> list[bytes]:
+    return [bytes(f) for f in encode_rank_slice(batch, rank)]
+
+
 def test_request_round_trip() -> None:
     assert decode_message(encode_message(Request(step=4, rank=1, world_size=2))) == Request(4, 1, 2)
 

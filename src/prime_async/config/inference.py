@@ -123,6 +123,11 @@ class InferenceConfig(BaseConfig):
         "else runs): the embedded engine runs one request at a time; SGLang gets "
         "`--enable-deterministic-inference`. Set by `rl` from its `deterministic`.",
     )
+    router_replay: bool = Field(
+        False,
+        description="MoE routing replay (R3): SGLang gets `--enable-return-routed-experts`; the embedded "
+        "engine returns routed experts whenever a request asks. Set by `rl` from its `router_replay`.",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Embedded engine (torch).")
     sglang: SGLangConfig = Field(default_factory=SGLangConfig, description="SGLang launcher (sglang).")
     lora: LoraConfig | None = Field(

@@ -253,6 +253,11 @@ class OrchestratorConfig(BaseConfig):
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
     seed: int = Field(0, description="Seed of the data order (and, when deterministic, of sampling).")
+    router_replay: bool = Field(
+        False,
+        description="MoE routing replay (R3): every model call asks the engine for the experts each token "
+        "was routed to; episodes and batches carry them to the trainer. Set by `rl` (`router_replay`).",
+    )
     deterministic: bool = Field(
         False,
         description="Bit-reproducible run: fixed dispatch schedule (the groups of batch n are dispatched "

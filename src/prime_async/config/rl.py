@@ -8,8 +8,8 @@ Propagation (done on the raw values before validation, so that each sub-config i
 its final values):
 
 ```
- rl: model seq_len max_steps output_dir wandb log transport deterministic ──► every sub-config that has
-     the field
+ rl: model seq_len max_steps output_dir wandb log transport deterministic router_replay ──► every
+     sub-config that has the field
  rl: weights.<transport, backend, bucket_mb, ...>           ──► orchestrator.weights.*, trainer.weights.*
  inference.server.host/port (+ sglang.num_engines)          ──► orchestrator.inference.base_urls
  inference.server.api_key                                   ──► orchestrator.inference.api_key
@@ -74,7 +74,7 @@ SUBSECTIONS: dict[str, type[BaseModel]] = {
 }
 SHARED_FIELDS = (
     "model", "seq_len", "max_steps", "output_dir", "wandb", "log", "transport", "run_id", "deterministic",
-    "lora",
+    "lora", "router_replay",
 )  # fmt: skip
 _UNSPECIFIED_HOSTS = {"0.0.0.0", "::"}
 WEIGHT_TARGETS = ("orchestrator", "trainer")  # sub-configs whose `weights` section holds every transfer key
@@ -120,6 +120,12 @@ class RLConfig(BaseConfig):
         "the same rewards, losses and published weights on CPU, and K = 0 equals the synchronous run "
         "step for step. Fixed dispatch schedule, seeded sampling, batch-invariant inference, "
         "deterministic torch. Costs throughput (scripts/bench_deterministic.py).",
+    )
+    router_replay: bool = Field(
+        False,
+        description="MoE routing replay (R3), copied into every component: engines return the experts each "
+        "sampled token was routed to, batches carry them, the trainer's MoE layers reuse them. Needs an MoE "
+        "model (Qwen3-MoE family).",
     )
     lora: LoraConfig | None = Field(
         None,

@@ -284,6 +284,13 @@ class TrainerConfig(BaseConfig):
         "`deterministic`.",
     )
     resume: bool = Field(False, description="Continue from the latest complete checkpoint under output_dir.")
+    router_replay: bool = Field(
+        False,
+        description="MoE routing replay (R3): the MoE layers route each token to the experts the engine "
+        "recorded when it was generated (router weights still from the trainer's own probabilities), so "
+        "routing noise leaves the importance ratio; `moe/routing_agreement` reports how often the "
+        "trainer's own top-k would have agreed. fsdp backend. Set by `rl` from its `router_replay`.",
+    )
     backend: Literal["fsdp", "megatron"] = Field(
         "fsdp", description="Training backend: FSDP2 (HF models) or megatron-core (TP/PP, extra `megatron`)."
     )

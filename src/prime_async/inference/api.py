@@ -10,8 +10,10 @@ sampling.
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prime_async.inference.engine import RequestOutput
@@ -64,6 +66,9 @@ class GenerateReqInput(_Strict):
     stream: Literal[False] = False
     lora_path: str | list[str | None] | None = Field(
         None, description="Name of a loaded LoRA adapter per prompt (SGLang's field; None = base model)."
+    )
+    return_routed_experts: bool = Field(
+        False, description="MoE: `meta_info.routed_experts`, the experts of every position (SGLang's field)."
     )
 
     def loras(self, n: int) -> list[str | None]:
@@ -188,6 +193,8 @@ def version_spans(versions: list[str]) -> list[dict[str, Any]]:
 
 
 def generate_response(out: RequestOutput, return_logprob: bool) -> dict[str, Any]:
+    """SGLang's answer layout; `routed_experts` as SGLang sends it: base64 of the int32 expert ids of
+    positions [0, prompt + completion - 1), layer by layer, k per layer."""
     meta: dict[str, Any] = {
         "id": out.rid,
         "finish_reason": out.finish_reason,
@@ -202,4 +209,7 @@ def generate_response(out: RequestOutput, return_logprob: bool) -> dict[str, Any
         meta["output_token_logprobs"] = [
             [lp, t, None] for lp, t in zip(out.logprobs, out.output_ids, strict=True)
         ]
+    if out.routed_experts is not None:
+        raw = out.routed_experts.to(torch.int32).numpy().tobytes()
+        meta["routed_experts"] = base64.b64encode(raw).decode("ascii")
     return {"output_ids": out.output_ids, "meta_info": meta}

@@ -10,6 +10,7 @@ never retries on its own (the caller decides what a failure costs).
 
 from __future__ import annotations
 
+import base64
 import logging
 from typing import Any
 
@@ -75,14 +76,33 @@ def parse_generate(body: dict[str, Any], rid: str | None) -> GenerateResult:
         prompt_tokens=int(meta.get("prompt_tokens", 0)),
         weight_version=parse_version(meta.get("weight_version")),
         meta_info=meta,
+        routed_experts=parse_routed_experts(meta),
     )
+
+
+def parse_routed_experts(meta: dict[str, Any]):
+    """SGLang's `meta_info.routed_experts` (base64 of int32) as a flat numpy array, or None."""
+    raw = meta.get("routed_experts")
+    if raw is None:
+        return None
+    import numpy as np
+
+    return np.frombuffer(base64.b64decode(raw), dtype=np.int32)
 
 
 class HttpEngineClient:
     """One engine at `base_url` (e.g. http://127.0.0.1:30000)."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, *, admin_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        admin_timeout_s: float = 600.0,
+        return_routed_experts: bool = False,
+    ):
         self.base_url = base_url.rstrip("/")
+        self.return_routed_experts = return_routed_experts  # MoE routing replay: ask for every request
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._admin_timeout = httpx.Timeout(admin_timeout_s, connect=10.0)
         # generation may take arbitrarily long; hundreds of requests run concurrently per engine
@@ -132,6 +152,8 @@ class HttpEngineClient:
             payload["rid"] = rid
         if lora_path is not None:
             payload["lora_path"] = lora_path
+        if self.return_routed_experts:
+            payload["return_routed_experts"] = True
         resp = await self._post("/generate", payload, admin=False)
         return parse_generate(resp.json(), rid)
 
@@ -256,9 +278,14 @@ class HttpEngineClient:
         return resp.status_code == 200
 
 
-def engine_clients(urls: list[str], api_key: str | None, *, lora: bool) -> list[EngineClient]:
-    """One client per engine URL: LoRA-aware when the run trains adapters."""
+def engine_clients(
+    urls: list[str], api_key: str | None, *, lora: bool, routed_experts: bool = False
+) -> list[EngineClient]:
+    """One client per engine URL: LoRA-aware when the run trains adapters; asking every request for its
+    routed experts when the run replays MoE routing."""
     from prime_async.weights.lora_client import LoraEngineClient
 
-    clients: list[EngineClient] = [HttpEngineClient(url, api_key) for url in urls]
+    clients: list[EngineClient] = [
+        HttpEngineClient(url, api_key, return_routed_experts=routed_experts) for url in urls
+    ]
     return [LoraEngineClient(c) for c in clients] if lora else clients

@@ -59,6 +59,7 @@ class RequestOutput:
     finish_reason: dict[str, Any]
     latency_s: float
     weight_version: str
+    routed_experts: torch.Tensor | None = None  # MoE, when asked: (positions, layers, k) of [0, kv_len)
 
 
 @dataclass
@@ -74,6 +75,8 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
+    keep_routes: bool = False  # `return_routed_experts`: keep the experts of every position it ran through
+    routes: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def kv_len(self) -> int:
@@ -159,9 +162,17 @@ class Engine:
 
     # ---- public API (asyncio side) -------------------------------------------------------------------
     async def generate(
-        self, input_ids: list[int], params: SamplingParams, rid: str | None = None, lora: str | None = None
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        rid: str | None = None,
+        lora: str | None = None,
+        *,
+        return_routed_experts: bool = False,
     ) -> RequestOutput:
-        """Run one request; `lora` names a loaded adapter (ValueError if it is not loaded)."""
+        """Run one request; `lora` names a loaded adapter (ValueError if it is not loaded).
+        `return_routed_experts` (MoE models): the output carries the experts of every position the model
+        ran through (prompt and sampled tokens but the last), as SGLang's field of that name."""
         loop = asyncio.get_running_loop()
         adapter = None
         if lora is not None:
@@ -174,6 +185,7 @@ class Engine:
         req = _Request(
             rid or uuid.uuid4().hex, list(input_ids), params, loop.create_future(), loop, gen, adapter
         )
+        req.keep_routes = return_routed_experts
         if adapter is not None:
             adapter.refs += 1
         try:
@@ -343,6 +355,10 @@ class Engine:
         self._running.extend(batch)  # before the forward: a failing step fails them with the others
         adapters = [r.adapter for r in batch]
         logits = self.runner.prefill(prompts, list(range(first, first + len(batch))), adapters)
+        routes = self.runner.take_routes()
+        if routes is not None:  # a (re-)prefill recomputes every position's routing: it replaces the old
+            for req, part in zip(batch, routes.split([len(p) for p in prompts]), strict=True):
+                req.routes = [part] if req.keep_routes else []
         fresh = [j for j, req in enumerate(batch) if not req.output_ids]
         if fresh:
             self._append_tokens([batch[j] for j in fresh], logits[fresh])
@@ -354,6 +370,11 @@ class Engine:
         ids = torch.tensor([r.output_ids[-1] for r in self._running], device=dev)
         adapters = [r.adapter for r in self._running]
         logits = self.runner.decode(ids, torch.tensor(positions, device=dev), max(positions) + 1, adapters)
+        routes = self.runner.take_routes()
+        if routes is not None:
+            for b, req in enumerate(self._running):
+                if req.keep_routes:
+                    req.routes.append(routes[b : b + 1])
         self._append_tokens(self._running, logits)
         self._remove_finished()
 
@@ -397,6 +418,7 @@ class Engine:
             rid=req.rid, prompt_tokens=len(req.prompt), output_ids=req.output_ids, logprobs=req.logprobs,
             versions=req.versions, finish_reason=reason, latency_s=time.monotonic() - req.created,
             weight_version=self.weight_version,
+            routed_experts=torch.cat(req.routes).cpu() if req.routes else None,
         )  # fmt: skip
         req.loop.call_soon_threadsafe(_set_result, req.future, out)
 

@@ -15,6 +15,8 @@ Invariants:
   (`_share_storage`, bound once at construction): copying a weight version into the HF parameters fills
   the fused projections too, so a load only copies and re-packs (no concatenation, no folded copies);
   RMSNorm gains and the attention scale are applied to the activations, as HF does.
+- MoE (Qwen3-MoE): each sparse layer routes every row to its top-k experts with transformers' math; the
+  experts chosen in a forward are kept for `take_routes` (routing replay, R3), one (N, k) per layer.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ import torch.nn.functional as F
 
 from prime_async.inference.linear import Kernels, Projection
 from prime_async.inference.lora import Adapter, RawAdapter, apply_adapters, stack_pairs
+from prime_async.models.moe_layout import fuse_experts
 from prime_async.utils.dtypes import resolve_dtype
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
+SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "qwen3_moe"}
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -51,6 +54,18 @@ def _share_storage(params: list[torch.nn.Parameter]) -> torch.Tensor:
         p.data = buffer[start : start + p.shape[0]]
         start += p.shape[0]
     return buffer
+
+
+def _is_moe(mlp) -> bool:
+    return hasattr(mlp, "experts") and hasattr(mlp, "gate")
+
+
+def _moe_weights(mlp) -> dict:
+    """A sparse MoE block's weights in the layout of transformers' `Qwen3MoeExperts` (used as they are)."""
+    router, experts = mlp.gate, mlp.experts
+    return {"moe": {"router": router.weight, "gate_up": experts.gate_up_proj, "down": experts.down_proj,
+                    "act": experts.act_fn, "top_k": int(router.top_k),
+                    "norm_topk_prob": bool(router.norm_topk_prob)}}  # fmt: skip
 
 
 def _joint_norm_weight(att, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
@@ -95,6 +110,7 @@ class ModelRunner:
         self.num_slots, self.max_len, self.chunk = num_slots, max_len, chunk
         self.kernels = kernels
         self.adapters: dict[str, Adapter] = {}  # loaded LoRA adapters by name (engine thread)
+        self._routes: list[torch.Tensor] = []  # MoE: experts chosen per layer in the current forward
         self._groups: list[tuple[Adapter, torch.Tensor | None]] = []  # adapters of the current forward
         self._build_rope_table()
         self._stale_fused = False  # a partial load happened: rebuild the derived weights first
@@ -121,10 +137,9 @@ class ModelRunner:
         fused = []
         for layer in self.model.model.layers:
             att, mlp = layer.self_attn, layer.mlp
-            bufs = {
-                "qkv": _share_storage([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
-                "gate_up": _share_storage([mlp.gate_proj.weight, mlp.up_proj.weight]),
-            }
+            bufs = {"qkv": _share_storage([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])}
+            if not _is_moe(mlp):
+                bufs["gate_up"] = _share_storage([mlp.gate_proj.weight, mlp.up_proj.weight])
             if att.q_proj.bias is not None:
                 bufs["qkv_bias"] = _share_storage([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
             fused.append(bufs)
@@ -144,10 +159,8 @@ class ModelRunner:
                     "o": self._projection(att.o_proj.weight, att.o_proj.bias),
                     "qk_norm": _joint_norm_weight(att, self.num_heads, self.num_kv_heads),
                     "norm_in": layer.input_layernorm.weight,
-                    "gate_up": self._projection(bufs["gate_up"]),
                     "norm_post": layer.post_attention_layernorm.weight,
-                    "down": self._projection(mlp.down_proj.weight),
-                    "act": mlp.act_fn,
+                    **(_moe_weights(mlp) if _is_moe(mlp) else self._dense_mlp(mlp, bufs)),
                 }
             )
         self.embed = self.model.model.embed_tokens.weight
@@ -155,6 +168,14 @@ class ModelRunner:
         self.lm_head = self._projection(self.model.get_output_embeddings().weight)
         for adapter in self.adapters.values():  # folded with the norm gains: refold on new base weights
             adapter.layers = self.fold_adapter(adapter.raw)
+
+    def _dense_mlp(self, mlp, bufs: dict[str, torch.Tensor]) -> dict:
+        return {"gate_up": self._projection(bufs["gate_up"]), "down": self._projection(mlp.down_proj.weight),
+                "act": mlp.act_fn}  # fmt: skip
+
+    @property
+    def is_moe(self) -> bool:
+        return any("moe" in lw for lw in self.layers)
 
     # ---- LoRA adapters (see inference/lora.py) -------------------------------------------------------
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
@@ -166,6 +187,8 @@ class ModelRunner:
     @torch.no_grad()
     def fold_adapter(self, raw: RawAdapter) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """`raw` in the fused layout of `_fuse_weights` (the scaling folded into B)."""
+        if self.is_moe:
+            raise ValueError("LoRA adapters on MoE models are not supported by the embedded engine")
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         layers = []
         for i, layer in enumerate(self.model.model.layers):
@@ -228,6 +251,10 @@ class ModelRunner:
                 state.update(load_file(str(f)))
             except Exception as exc:  # truncated/corrupt file (SafetensorError) or vanished file (OSError)
                 raise ValueError(f"unreadable weights file {f}: {type(exc).__name__}: {exc}") from exc
+        try:
+            state = fuse_experts(state)  # MoE checkpoints name each expert; the model fuses them
+        except ValueError as exc:
+            raise ValueError(f"weights in {model_path}: {exc}") from exc
         return self.load_state(state, source=model_path)
 
     @torch.no_grad()
@@ -317,8 +344,31 @@ class ModelRunner:
 
     def _mlp(self, lw: dict, h: torch.Tensor) -> torch.Tensor:
         x = _rms_norm(h, lw["norm_post"], self.eps)
+        if "moe" in lw:
+            return h + self._experts(lw["moe"], x)
         gate, up = self._proj(lw, "gate_up", x).chunk(2, dim=-1)
         return h + self._proj(lw, "down", lw["act"](gate) * up)
+
+    def _experts(self, moe: dict, x: torch.Tensor) -> torch.Tensor:
+        """Top-k routed SwiGLU experts, as transformers' Qwen3-MoE block computes them; the chosen experts
+        of every row are appended to `_routes` (one (N, k) tensor per layer)."""
+        probs = F.linear(x, moe["router"]).float().softmax(-1)
+        weights, experts = probs.topk(moe["top_k"], dim=-1)
+        if moe["norm_topk_prob"]:
+            weights = weights / weights.sum(-1, keepdim=True)
+        self._routes.append(experts)
+        out = torch.zeros_like(x)
+        for e in experts.unique().tolist():
+            rows, rank = (experts == e).nonzero(as_tuple=True)
+            gate, up = F.linear(x[rows], moe["gate_up"][e]).chunk(2, dim=-1)
+            y = F.linear(moe["act"](gate) * up, moe["down"][e]) * weights[rows, rank, None].to(x.dtype)
+            out.index_add_(0, rows, y)
+        return out
+
+    def take_routes(self) -> torch.Tensor | None:
+        """The experts each row of the last forward was routed to, (N, layers, k) int, or None (dense)."""
+        routes, self._routes = self._routes, []
+        return torch.stack(routes, dim=1) if routes else None
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         h = _rms_norm(h, self.final_norm, self.eps)
@@ -335,6 +385,7 @@ class ModelRunner:
         attention runs per prompt, so prompts never see each other.
         """
         self._refresh_fused()
+        self._routes = []
         lens = [len(p) for p in prompts]
         self._set_groups(adapters, lens)
         self.ensure_capacity(max(lens))
@@ -378,6 +429,7 @@ class ModelRunner:
         """One step for slots 0..B-1: token_ids/positions (B,), length = max(positions) + 1 -> (B, V);
         `adapters[b]`: the LoRA adapter of row b (None: the base model)."""
         self._refresh_fused()
+        self._routes = []
         b = token_ids.shape[0]
         self._set_groups(adapters, [1] * b)
         self.ensure_capacity(length)

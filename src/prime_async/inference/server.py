@@ -119,7 +119,9 @@ def _add_generation_routes(app: FastAPI, engine: Engine, run_id: str | None = No
         loras = req.loras(len(items))
         outs = await asyncio.gather(
             *(
-                engine.generate(prompt, sp.to_params(), rid, lora)
+                engine.generate(
+                    prompt, sp.to_params(), rid, lora, return_routed_experts=req.return_routed_experts
+                )
                 for (prompt, sp, _, rid), lora in zip(items, loras, strict=True)
             )
         )

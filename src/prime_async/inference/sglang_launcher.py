@@ -75,6 +75,8 @@ def build_launch_specs(cfg: InferenceConfig) -> list[LaunchSpec]:
             argv += ["--api-key", srv.api_key]
         if cfg.deterministic:  # batch-invariant kernels; `sampling_seed` per request
             argv += ["--enable-deterministic-inference"]
+        if cfg.router_replay:  # `routed_experts` in every answer that asks (MoE routing replay)
+            argv += ["--enable-return-routed-experts"]
         argv += lora_flags(cfg)
         argv += list(sg.extra_args)
         gpus = gpu_ids[i * gpus_per_engine : (i + 1) * gpus_per_engine]

@@ -138,3 +138,51 @@ def build_tiny_model(
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def build_tiny_moe_model(
+    out_dir: str | Path,
+    *,
+    vocab_size: int = 1024,
+    hidden_size: int = 128,
+    num_layers: int = 3,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    num_experts: int = 4,
+    experts_per_token: int = 2,
+    max_position_embeddings: int = 2048,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny random Qwen3-MoE causal LM (every layer sparse: `num_experts` SwiGLU experts, top-k
+    routing with normalised top-k weights) plus the same tokenizer as `build_tiny_model` into `out_dir`."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out, vocab_size=vocab_size, seed=seed)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 3,
+        moe_intermediate_size=hidden_size,
+        num_experts=num_experts,
+        num_experts_per_tok=experts_per_token,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config).to(torch.float32)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    return out

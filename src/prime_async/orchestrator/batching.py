@@ -133,6 +133,7 @@ def _pack_rows(units: list[_Unit], seq_len: int) -> list[list[_Unit]]:
 
 def _row_to_micro_batch(row: list[_Unit]) -> MicroBatch:
     input_ids, positions, mask, adv, logp, versions = [], [], [], [], [], []
+    routes = _row_routes(row)
     for unit in row:
         for i, s in enumerate(unit.samples):
             ep, start = s.episode, (unit.shared if i else 0)
@@ -150,7 +151,25 @@ def _row_to_micro_batch(row: list[_Unit]) -> MicroBatch:
         advantages=np.asarray(adv, dtype=np.float32),
         sampler_logprobs=np.asarray(logp, dtype=np.float32),
         token_versions=np.asarray(versions, dtype=np.int32),
+        routed_experts=routes,
     )
+
+
+def _row_routes(row: list[_Unit]) -> np.ndarray | None:
+    """The routed experts of a row's tokens in packing order (MoE routing replay), -1 for an episode
+    without them; None when no episode of the row has any."""
+    samples = [(s.episode, unit.shared if i else 0) for unit in row for i, s in enumerate(unit.samples)]
+    widths = {ep.routed_experts.shape[1] for ep, _ in samples if ep.routed_experts is not None}
+    if not widths:
+        return None
+    (width,) = widths
+    parts = [
+        ep.routed_experts[start:]
+        if ep.routed_experts is not None
+        else np.full((len(ep.token_ids) - start, width), -1, dtype=np.int16)
+        for ep, start in samples
+    ]
+    return np.concatenate(parts).astype(np.int16, copy=False)
 
 
 def _balance(rows: list[list[_Unit]], num_ranks: int) -> list[list[list[_Unit]]]:

@@ -361,7 +361,10 @@ async def _run(cfg: OrchestratorConfig) -> None:
     from prime_async.utils.monitor import Monitor
     from prime_async.weights.transfer import build_control
 
-    engines = engine_clients(cfg.inference.base_urls, cfg.inference.api_key, lora=cfg.lora is not None)
+    inf = cfg.inference
+    engines = engine_clients(
+        inf.base_urls, inf.api_key, lora=cfg.lora is not None, routed_experts=cfg.router_replay
+    )
     signal, gate = UpdateSignal(), RequestGate()  # given to the control channel, gateways and watcher
     control, loader = build_control(cfg, signal)
     sources = build_sources(

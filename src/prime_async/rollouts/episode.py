@@ -33,6 +33,8 @@ import math
 import re
 from typing import Any
 
+import numpy as np
+
 from prime_async.rollouts.gateway import GatewayCall, GatewaySession
 from prime_async.rollouts.types import Episode
 
@@ -74,6 +76,31 @@ def _sampled_versions(branch: Any, calls: list[GatewayCall]) -> tuple[list[int],
                 node_versions = [next(src) if m else -1 for m in node.mask]
         versions.extend(node_versions)
     return versions, unmatched
+
+
+def branch_routes(token_ids: list[int], calls: list[GatewayCall]) -> np.ndarray | None:
+    """The engine's routed experts of a branch's tokens: taken from the longest model call whose prompt
+    + output is a prefix of the branch (its prefill ran through every earlier turn), -1 past what that
+    call ran through (its last token at least). None when no call carries routes."""
+    best, best_len = None, 0
+    for call in calls:
+        n = len(call.prompt_ids) + len(call.output_ids)
+        if call.routed_experts is None or n <= best_len or n > len(token_ids):
+            continue
+        if token_ids[: len(call.prompt_ids)] == call.prompt_ids and token_ids[len(call.prompt_ids) : n] == (
+            call.output_ids
+        ):
+            best, best_len = call, n
+    if best is None:
+        return None
+    flat = np.asarray(best.routed_experts)
+    for positions in (best_len - 1, best_len):  # SGLang leaves out the last token (it never ran)
+        if positions > 0 and flat.size % positions == 0 and flat.size:
+            width = flat.size // positions
+            routes = np.full((len(token_ids), width), -1, dtype=np.int16)
+            routes[:positions] = flat.reshape(positions, width)
+            return routes
+    return None
 
 
 def _reward_fault(trace: Any) -> str | None:
@@ -134,12 +161,15 @@ def _trace_episode(
         episode.sampler_logprobs = [float(x) for x in branch.logprobs]
         episode.token_versions, unmatched = _sampled_versions(branch, session.calls)
         episode.metrics["unmatched_version_nodes"] = unmatched
+        episode.routed_experts = branch_routes(episode.token_ids, session.calls)
     # session.truncated: the gateway clamped a turn at seq_len; the sink's `overlong` policy acts on it
     episode.overlong = bool(session.truncated or len(episode.token_ids) > seq_len)
     episode.truncated = bool(episode.overlong or trace.is_truncated)
     if len(episode.token_ids) > seq_len:
         for name in ("token_ids", "loss_mask", "sampler_logprobs", "token_versions"):
             setattr(episode, name, getattr(episode, name)[:seq_len])
+        if episode.routed_experts is not None:
+            episode.routed_experts = episode.routed_experts[:seq_len]
     if not vf_episode.ok or not trace.ok:
         errors = [*trace.errors, *vf_episode.errors]
         message = "; ".join(f"{e.type}: {e.message}" for e in errors) or "rollout failed"

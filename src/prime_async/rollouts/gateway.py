@@ -69,6 +69,7 @@ class GatewayCall:
     token_versions: list[int]
     finish_type: str
     weight_version: int
+    routed_experts: Any = None  # flat int32 numpy (SGLang's layout) when the engine was asked for them
 
 
 @dataclass
@@ -270,6 +271,7 @@ class Gateway:
                 token_versions=list(versions),
                 finish_type=result.finish_type,
                 weight_version=result.weight_version,
+                routed_experts=result.routed_experts,
             )
         )
         return result

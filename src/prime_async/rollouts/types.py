@@ -4,7 +4,8 @@ Dataclasses and protocols only, no logic.
 Invariants (enforced by the code that builds them, stated here so all agree):
 - an episode's `span.start` is the weight version served when its group was dispatched and `span.end`
   the version live when it finished, so `span.end >= span.start`;
-- `token_ids`, `loss_mask`, `sampler_logprobs`, `token_versions` of an episode have equal length;
+- `token_ids`, `loss_mask`, `sampler_logprobs`, `token_versions` of an episode have equal length, and so
+  has `routed_experts` (rows) when the run replays MoE routing;
 - an `Episode` is one trained trajectory: a multi-agent verifiers episode gives one per trained seat
   trace, each with its `seat` name.
 """
@@ -36,6 +37,9 @@ class Episode:
     loss_mask: list[bool] = field(default_factory=list)
     sampler_logprobs: list[float] = field(default_factory=list)
     token_versions: list[int] = field(default_factory=list)
+    routed_experts: Any = None
+    """MoE routing replay: (len(token_ids), layers * k) int16 numpy, the engine's experts per token, -1
+    where the engine reported none (e.g. the last token); None without replay."""
     reward: float | None = None
     span: PolicySpan | None = None
     status: EpisodeStatus = "ok"

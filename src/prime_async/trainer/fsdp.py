@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -41,6 +42,7 @@ from prime_async.trainer.packed_rows import (
     sample_ids,
 )
 from prime_async.trainer.parallelize import parallelize
+from prime_async.trainer.router_replay import RouterReplay
 from prime_async.trainer.token_stats import TokenStats, reduce_device
 from prime_async.transport.types import MicroBatch
 from prime_async.transport.zmq_batches import RankBatch
@@ -111,10 +113,14 @@ def micro_batch_pass(
     num_loss_tokens: int,
     grad_scale: float,
     effective_steps: np.ndarray | None = None,
+    replay: RouterReplay | None = None,
 ) -> tuple[float, TokenStats]:
-    """Forward + backward of one packed row; returns its (unscaled) loss share and token statistics."""
+    """Forward + backward of one packed row; returns its (unscaled) loss share and token statistics.
+    `replay`: MoE layers reuse the engine's routing of the row (`mb.routed_experts`) in the forward."""
     row = RowTensors.of(mb, next(model.parameters()).device)
-    logp, entropy = packed_logprobs(model, row.ids, row.pos, temperature, loss_mask=row.mask)
+    routes = mb.routed_experts if replay is not None else None
+    with replay.replaying(routes, row.ids.device) if replay is not None else nullcontext():
+        logp, entropy = packed_logprobs(model, row.ids, row.pos, temperature, loss_mask=row.mask)
     loss, stats = row_loss(
         row, logp, entropy, loss_fn=loss_fn, num_loss_tokens=num_loss_tokens, effective_steps=effective_steps
     )
@@ -130,6 +136,7 @@ class PassSettings:
     temperature: float
     grad_scale: float  # world size under FSDP (undoes its gradient averaging), else 1
     max_grad_norm: float
+    replay: RouterReplay | None = None  # MoE routing replay (`trainer.router_replay`)
 
 
 @dataclass
@@ -161,6 +168,7 @@ def mini_batch_step(
             num_loss_tokens=num_loss_tokens,
             grad_scale=settings.grad_scale,
             effective_steps=distance(mb),
+            replay=settings.replay,
         )
         loss_sum += loss
         stats = stats.merge(mb_stats)
@@ -178,7 +186,15 @@ def mini_batch_step(
 
 
 def train_step(
-    model, optimizer, scheduler, batch: RankBatch, *, cfg: TrainerConfig, loss_fn, world_size: int
+    model,
+    optimizer,
+    scheduler,
+    batch: RankBatch,
+    *,
+    cfg: TrainerConfig,
+    loss_fn,
+    world_size: int,
+    replay: RouterReplay | None = None,
 ) -> dict[str, float]:
     """`optim.num_steps_per_batch` mini-batch steps over this rank's micro-batches, then one LR step."""
     if batch.num_loss_tokens < 1:
@@ -194,6 +210,7 @@ def train_step(
         temperature=batch.temperature,
         grad_scale=float(world_size) if dist.is_initialized() else 1.0,
         max_grad_norm=cfg.optim.max_grad_norm,
+        replay=replay,
     )
     plan = plan_mini_batches(micro_batches, num_steps, num_loss_tokens=batch.num_loss_tokens, step=batch.step)
     lr = optimizer.param_groups[0]["lr"]
@@ -223,6 +240,7 @@ def train_step(
         "optim/grad_norm": sum(r.grad_norm for r in results) / len(results),
         "optim/lr": lr,
         "optim/num_steps": len(results),
+        **(replay.metrics(reduce_device()) if replay is not None else {}),
     }
 
 
@@ -235,6 +253,7 @@ class FsdpBackend:
         self.peft_model = None
         if cfg.lora is not None:  # adapters injected in place: `model` stays the module that is trained
             self.peft_model = lora.apply_lora(model, cfg.lora, cfg.model.path)
+        self.replay = RouterReplay(model) if cfg.router_replay else None  # before FSDP wraps the layers
         mesh = None
         if dist.is_initialized():
             from torch.distributed.device_mesh import init_device_mesh
@@ -256,6 +275,7 @@ class FsdpBackend:
             cfg=self.cfg,
             loss_fn=self.loss_fn,
             world_size=self.world_size,
+            replay=self.replay,
         )
 
     def pretrained_config(self):

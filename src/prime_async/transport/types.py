@@ -13,6 +13,8 @@ Invariants:
 - `loss_mask` is True exactly on sampled completion tokens (never prompt, tool, user or template tokens);
 - `sampler_logprobs` are the logprobs recorded at sampling time (0.0 where `loss_mask` is False);
 - `token_versions` hold the weight version each token was sampled under (-1 where unknown / not sampled).
+- `routed_experts` (MoE routing replay, else None) is (T, layers * k) int16: row t holds the experts token
+  t was routed to by the engine, layer-major, -1 where unknown (the trainer routes those itself).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ ARRAY_DTYPES: dict[str, np.dtype] = {
 }
 
 
+ROUTES_DTYPE = np.dtype(np.int16)
 PADDING_TOKENS = 2
 
 
@@ -44,6 +47,7 @@ class MicroBatch:
     advantages: np.ndarray
     sampler_logprobs: np.ndarray
     token_versions: np.ndarray
+    routed_experts: np.ndarray | None = None
 
     @classmethod
     def padding(cls) -> MicroBatch:
@@ -62,6 +66,12 @@ class MicroBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def routes_or_unknown(self, width: int) -> np.ndarray:
+        """`routed_experts`, or all -1 (unknown) of `width` when the row has none (padding rows)."""
+        if self.routed_experts is not None:
+            return np.ascontiguousarray(self.routed_experts, dtype=ROUTES_DTYPE)
+        return np.full((self.num_tokens, width), -1, dtype=ROUTES_DTYPE)
 
     @property
     def num_loss_tokens(self) -> int:

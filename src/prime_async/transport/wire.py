@@ -23,10 +23,11 @@ import math
 import msgspec
 import numpy as np
 
-from prime_async.transport.types import ARRAY_DTYPES, MicroBatch, TrainBatch
+from prime_async.transport.types import ARRAY_DTYPES, ROUTES_DTYPE, MicroBatch, TrainBatch
 
 ARRAY_NAMES: tuple[str, ...] = tuple(ARRAY_DTYPES)
-PROTOCOL_VERSION = 2  # 2: rows may hold branches (shared-prompt packing, `transport/types.py`)
+PROTOCOL_VERSION = 3  # 2: rows may hold branches (shared-prompt packing); 3: optional routed experts
+ROUTES = "routed_experts"
 
 
 class WireError(RuntimeError):
@@ -63,6 +64,7 @@ class BatchHeader(msgspec.Struct, tag="batch", frozen=True):
     metrics: dict[str, float] = {}
     protocol: int = PROTOCOL_VERSION
     max_dispatch_version: int = -1  # newest group's; -1 = not reported (older senders)
+    routes_width: int = 0  # > 0: every micro-batch has a `routed_experts` frame of (length, routes_width)
 
 
 class ErrorReply(msgspec.Struct, tag="error", frozen=True):
@@ -97,6 +99,7 @@ def encode_rank_slice(batch: TrainBatch, rank: int) -> list[bytes | memoryview]:
     world_size = len(batch.micro_batches)
     arrays: list[ArraySpec] = []
     frames: list[bytes | memoryview] = []
+    width = routes_width(batch)
     for mb in batch.micro_batches[rank]:
         for name in ARRAY_NAMES:
             arr = np.ascontiguousarray(getattr(mb, name), dtype=ARRAY_DTYPES[name])
@@ -104,6 +107,12 @@ def encode_rank_slice(batch: TrainBatch, rank: int) -> list[bytes | memoryview]:
                 raise WireError(f"micro-batch array {name} must be 1-D, got shape {arr.shape}")
             arrays.append(ArraySpec(name=name, dtype=arr.dtype.str, length=int(arr.shape[0])))
             frames.append(memoryview(arr).cast("B"))
+        if width:
+            routes = mb.routes_or_unknown(width)
+            if routes.shape != (mb.num_tokens, width):
+                raise WireError(f"routed_experts {routes.shape} != ({mb.num_tokens}, {width})")
+            arrays.append(ArraySpec(name=ROUTES, dtype=routes.dtype.str, length=int(routes.size)))
+            frames.append(memoryview(routes.reshape(-1)).cast("B"))
     header = BatchHeader(
         step=batch.step,
         rank=rank,
@@ -115,8 +124,26 @@ def encode_rank_slice(batch: TrainBatch, rank: int) -> list[bytes | memoryview]:
         min_dispatch_version=batch.min_dispatch_version,
         max_dispatch_version=batch.max_dispatch_version,
         metrics=dict(batch.metrics),
+        routes_width=width,
     )
     return [_encoder.encode(header), *frames]
+
+
+def routes_width(batch: TrainBatch) -> int:
+    """Experts per token (layers * k) of the batch's routed experts; 0 when it carries none."""
+    widths = {
+        int(mb.routed_experts.shape[1])
+        for mbs in batch.micro_batches
+        for mb in mbs
+        if mb.routed_experts is not None
+    }
+    if len(widths) > 1:
+        raise WireError(f"batch {batch.step}: routed_experts of different widths {sorted(widths)}")
+    return widths.pop() if widths else 0
+
+
+def _frames_per_micro_batch(header: BatchHeader) -> int:
+    return len(ARRAY_NAMES) + (1 if header.routes_width else 0)
 
 
 def _check_header(header: BatchHeader, num_frames: int) -> None:
@@ -126,7 +153,9 @@ def _check_header(header: BatchHeader, num_frames: int) -> None:
         raise WireError(f"temperature must be finite and > 0, got {header.temperature}")
     if header.num_loss_tokens < 0:
         raise WireError(f"num_loss_tokens must be >= 0, got {header.num_loss_tokens}")
-    expected = len(header.layout[header.rank]) * len(ARRAY_NAMES)
+    if header.routes_width < 0:
+        raise WireError(f"routes_width must be >= 0, got {header.routes_width}")
+    expected = len(header.layout[header.rank]) * _frames_per_micro_batch(header)
     if len(header.arrays) != expected or num_frames != expected:
         raise WireError(
             f"step {header.step} rank {header.rank}: expected {expected} array frames, "
@@ -135,7 +164,7 @@ def _check_header(header: BatchHeader, num_frames: int) -> None:
 
 
 def _decode_array(spec: ArraySpec, frame: bytes | memoryview, max_frame_bytes: int) -> np.ndarray:
-    expected_dtype = ARRAY_DTYPES.get(spec.name)
+    expected_dtype = ROUTES_DTYPE if spec.name == ROUTES else ARRAY_DTYPES.get(spec.name)
     if expected_dtype is None:
         raise WireError(f"unknown array {spec.name!r}")
     if np.dtype(spec.dtype) != expected_dtype:
@@ -161,15 +190,19 @@ def decode_rank_slice(
         raise WireError(f"expected a batch message, got {type(msg).__name__}: {msg}")
     _check_header(msg, len(frames) - 1)
     micro_batches: list[MicroBatch] = []
-    n = len(ARRAY_NAMES)
+    n, width = _frames_per_micro_batch(msg), msg.routes_width
+    names = ARRAY_NAMES + ((ROUTES,) if width else ())
     for i, length in enumerate(msg.layout[msg.rank]):
         specs = msg.arrays[i * n : (i + 1) * n]
-        if tuple(s.name for s in specs) != ARRAY_NAMES:
-            raise WireError(f"micro-batch {i}: arrays {[s.name for s in specs]} != {list(ARRAY_NAMES)}")
-        if any(s.length != length for s in specs):
+        if tuple(s.name for s in specs) != names:
+            raise WireError(f"micro-batch {i}: arrays {[s.name for s in specs]} != {list(names)}")
+        lengths = [s.length // width if s.name == ROUTES else s.length for s in specs]
+        if any(x != length for x in lengths) or (width and specs[-1].length != length * width):
             raise WireError(f"micro-batch {i}: array lengths {[s.length for s in specs]} != layout {length}")
         mb_frames = frames[1 + i * n : 1 + (i + 1) * n]
         arrays = {s.name: _decode_array(s, f, max_frame_bytes) for s, f in zip(specs, mb_frames, strict=True)}
+        if width:
+            arrays[ROUTES] = arrays[ROUTES].reshape(length, width)
         micro_batches.append(MicroBatch(**arrays))
     local_loss_tokens = sum(mb.num_loss_tokens for mb in micro_batches)
     if local_loss_tokens > msg.num_loss_tokens:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from prime_async.models.moe_layout import split_experts
 from prime_async.weights.broadcasts import (
     ADAPTER_WEIGHTS,
     STABLE,
@@ -89,6 +90,7 @@ class WeightPublisher:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
         if getattr(self.model_config, "tie_word_embeddings", False):
             tensors.pop("lm_head.weight", None)
+        tensors = split_experts(tensors)  # MoE: one tensor per expert, as HF checkpoints and SGLang name them
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         self.model_config.save_pretrained(tmp)
         for name in TOKENIZER_FILES:
