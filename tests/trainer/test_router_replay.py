@@ -90,7 +90,7 @@ def test_replayed_routing_matches_the_engine(engine_dtype: str, tiny_moe_model_d
         d = torch.cat(diffs).double()
         kl[replayed] = float((d.exp() - 1 - d).mean())  # k3 estimator of KL(sampler || trainer)
         kl[f"max_{replayed}"] = float(d.abs().max())
-    agreement = replay.metrics(torch.device("cpu"))
+    agreement = replay.metrics()
     print(engine_dtype, kl, agreement)
     tokens = sum(int(mb.loss_mask.sum()) for mb in rows)
     # every token but each row's last has a route (the engine never ran the last one), prompt tokens

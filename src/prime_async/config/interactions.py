@@ -106,6 +106,34 @@ def check_rl(cfg: RLConfig) -> None:
         )
     if cfg.lora is not None:
         _check_lora(cfg)
+    if cfg.router_replay:
+        _check_router_replay(cfg)
+
+
+def _check_router_replay(cfg: RLConfig) -> None:
+    if cfg.lora is not None:
+        raise ValueError(
+            "router_replay = true with lora: the embedded engine serves no LoRA adapters on MoE models; "
+            "train the MoE model in full, or set router_replay = false"
+        )
+    if cfg.trainer.backend == "megatron":
+        raise ValueError(
+            "router_replay = true with trainer.backend = 'megatron': the megatron bridge maps dense models "
+            "only (no MoE layers to replay into); use trainer.backend = 'fsdp'"
+        )
+    if cfg.model.build in ("tiny", "smollm2"):
+        raise ValueError(
+            f"router_replay = true with model.build = '{cfg.model.build}': a dense model has no routing to "
+            "replay; use an MoE model (e.g. model.build = 'tiny_moe') or set router_replay = false"
+        )
+    from prime_async.config.megatron import find_hf_config
+
+    hf = find_hf_config(cfg.model.path)
+    if hf is not None and not (hf.get("num_experts") or hf.get("num_local_experts")):
+        raise ValueError(
+            f"router_replay = true with model.path = {cfg.model.path} ({hf.get('model_type')}, dense): "
+            "there is no routing to replay; use an MoE model (Qwen3-MoE family) or set router_replay = false"
+        )
 
 
 def _check_lora(cfg: RLConfig) -> None:

