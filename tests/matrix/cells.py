@@ -44,6 +44,7 @@ DIMENSIONS: dict[str, list[Any]] = {
     "interval": [1, 2],
     "granularity": ["sample", "group"],
     "trainer_procs": [1, 2],
+    "moe": ["off", "replay"],  # replay: the tiny Qwen3-MoE model with router_replay (R3)
 }
 DEFAULTS = {name: values[0] for name, values in DIMENSIONS.items()}
 
@@ -80,7 +81,10 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
         "max_steps": STEPS if cell["kill"] == "none" else KILL_STEPS,
         "seq_len": 1024,  # the tools env's prompt with its tool schemas is ~500 tokens
         "output_dir": out,
-        "model": {"path": model_dir, "build": "tiny"},
+        "model": {"path": model_dir, "build": "tiny"}
+        if cell["moe"] == "off"
+        else {"path": moe_model_dir(model_dir), "build": "tiny_moe"},
+        "router_replay": cell["moe"] == "replay",
         "wandb": {"enabled": False},
         "transport": {"port": transport_port},
         "inference": {"server": {"port": inference_port}, "engine": {"max_running_requests": 8}},
@@ -106,6 +110,11 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
         cfg["trainer"]["ckpt"] = {"interval": 2}
         orchestrator["ckpt"] = {"interval": 1}
     return cfg
+
+
+def moe_model_dir(model_dir: str) -> str:
+    """The tiny MoE model beside the tiny model (`rl` builds it on first use, atomically)."""
+    return str(Path(model_dir).with_name(Path(model_dir).name + "-moe"))
 
 
 @functools.cache

@@ -83,6 +83,7 @@ KEY_WORDS = {
     "weights": ("weights.transport",), "lora": ("lora",), "envs": ("envs",),
     "deterministic": ("deterministic",), "interval": ("weights.update_interval", "update_interval"),
     "granularity": ("submission_granularity",), "trainer_procs": ("num_processes",),
+    "moe": ("router_replay",),
 }  # fmt: skip
 
 

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 # model_type -> (renderer, special tokens the tokenizer must carry for that renderer)
+_QWEN3_TOKENS = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</think>")
 _FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "qwen3": (
-        "qwen3",
-        ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</think>"),
-    ),
+    "qwen3": ("qwen3", _QWEN3_TOKENS),
+    "qwen3_moe": ("qwen3", _QWEN3_TOKENS),  # the same chat template and tool format as the dense models
 }
 
 
