@@ -48,9 +48,10 @@ FIRST = (
     "tests/launcher/test_lifecycle.py",  # ~190
     "tests/orchestrator/test_distributed_rl.py",  # ~190
     "tests/orchestrator/test_env_kinds_rl.py",  # ~190
-    "tests/reliability/test_faults.py",  # ~200
+    "tests/reliability/test_faults.py",  # ~240 (the trainer kill on both backends)
     "tests/megatron/test_megatron_backend.py",  # ~150
     "tests/environments/test_tool_env.py",  # ~150
+    "tests/megatron/test_megatron_checkpoint.py",  # ~60
     "tests/models/test_smollm2.py",  # ~130 (the conversion other tests wait for)
     "tests/orchestrator/test_lora_rl.py",  # ~120
     "tests/environments/test_episodes.py",  # ~100

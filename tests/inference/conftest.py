@@ -81,12 +81,17 @@ def _start_sglang(model_dir: Path, work: Path):
     return launcher.urls[0], model_dir, launcher.stop
 
 
-@pytest.fixture(scope="session", params=["embedded", pytest.param("sglang", marks=pytest.mark.gpu)])
+@pytest.fixture(
+    scope="session", params=["embedded", "embedded_moe", pytest.param("sglang", marks=pytest.mark.gpu)]
+)
 def target(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The engine under test: the embedded engine on the tiny dense model and on the tiny MoE model
+    (routing in prefill and decode), or real SGLang (GPU)."""
     work = tmp_path_factory.mktemp(f"engine_{request.param}")
-    if request.param == "embedded":
-        url, stop = _start_embedded(tiny_model_dir, work)
-        model_dir = tiny_model_dir
+    if request.param.startswith("embedded"):
+        moe = request.param == "embedded_moe"
+        model_dir = request.getfixturevalue("tiny_moe_model_dir") if moe else tiny_model_dir
+        url, stop = _start_embedded(model_dir, work)
     else:
         url, model_dir, stop = _start_sglang(tiny_model_dir, work)
     version = int(httpx.get(f"{url}/model_info", timeout=10).json().get("weight_version") or 0)

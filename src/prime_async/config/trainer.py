@@ -315,8 +315,9 @@ class TrainerConfig(BaseConfig):
             validate_megatron_setup(self.megatron, self.model.path)
             if self.lora is not None:
                 raise ValueError(
-                    "lora is supported on backend = 'fsdp' only: megatron-core has no adapter layers here; "
-                    "unset lora or use backend = 'fsdp'"
+                    "lora with trainer.backend = 'megatron': megatron-core 0.16 has no adapter layers and "
+                    "peft wraps torch.nn.Linear, not its tensor-parallel linears; unset lora or use backend "
+                    "= 'fsdp'"
                 )
         return self
 
