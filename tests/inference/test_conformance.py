@@ -21,7 +21,7 @@ LONG = 1500  # long enough that a request is still running when the test pauses/
 
 def embedded_only(target) -> None:
     if target.kind != "embedded":  # the MoE model shares the engine's request handling: checked once
-        pytest.skip("checks the embedded engine's stricter validation (dense model); SGLang ignores or differs")
+        pytest.skip("the embedded engine's stricter validation (dense model); SGLang ignores or differs")
 
 
 def run(coro):
