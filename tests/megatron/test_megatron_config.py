@@ -60,7 +60,17 @@ def test_supported_setup_passes(tmp_path: Path) -> None:
     ("cfg", "overrides", "message"),
     [
         ({}, {"architectures": ["GPT2LMHeadModel"]}, r"architecture 'GPT2LMHeadModel' .* is not supported"),
-        ({}, {"architectures": ["Qwen3MoeForCausalLM"]}, r"architecture 'Qwen3MoeForCausalLM'"),
+        ({"expert_parallel_size": 2}, {}, r"expert_parallel_size = 2 needs an MoE model"),
+        (
+            {"expert_parallel_size": 3},
+            {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4},
+            r"expert_parallel_size = 3 must divide the model's 4 experts",
+        ),
+        (
+            {"tensor_parallel_size": 2},
+            {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4},
+            r"tensor_parallel_size = 2 with an MoE model: megatron-core needs sequence parallelism",
+        ),
         ({"tensor_parallel_size": 3}, {}, r"tensor_parallel_size = 3 must divide num_attention_heads = 4"),
         ({"tensor_parallel_size": 4}, {}, r"and num_key_value_heads = 2; pick a divisor of 2"),
         ({"pipeline_parallel_size": 2}, {}, r"pipeline_parallel_size = 2 must divide num_hidden_layers = 3"),

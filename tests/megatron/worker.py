@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--extra-model-dir", action="append", default=[])
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--distributed-optimizer", type=int, default=1)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--steps-per-batch", type=int, default=1)
@@ -68,7 +69,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)
     cfg = MegatronConfig(
-        tensor_parallel_size=args.tp, use_distributed_optimizer=bool(args.distributed_optimizer)
+        tensor_parallel_size=args.tp,
+        expert_parallel_size=args.ep,
+        use_distributed_optimizer=bool(args.distributed_optimizer),
     )
     backend = MegatronBackend(
         megatron=cfg,

@@ -118,8 +118,8 @@ def _check_router_replay(cfg: RLConfig) -> None:
         )
     if cfg.trainer.backend == "megatron":
         raise ValueError(
-            "router_replay = true with trainer.backend = 'megatron': the megatron bridge maps dense models "
-            "only (no MoE layers to replay into); use trainer.backend = 'fsdp'"
+            "router_replay = true with trainer.backend = 'megatron': the megatron backend trains MoE models "
+            "without replay so far; use trainer.backend = 'fsdp', or set router_replay = false"
         )
     if cfg.model.build in ("tiny", "smollm2"):
         raise ValueError(

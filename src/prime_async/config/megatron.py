@@ -34,6 +34,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 # megatron-core 0.16 applies Llama 3.x RoPE scaling with these constants fixed (only `factor` is free).
@@ -54,7 +55,10 @@ class MegatronConfig(BaseConfig):
         1, ge=1, description="Pipeline-parallel size: must divide the number of layers."
     )
     expert_parallel_size: int = Field(
-        1, ge=1, le=1, description="Expert-parallel size (1 until MoE families are mapped by the bridge)."
+        1,
+        ge=1,
+        description="Expert-parallel size (MoE models: must divide the number of experts and the number of "
+        "trainer processes; experts are not tensor-parallel).",
     )
     sequence_parallel: bool = Field(
         False,
@@ -161,6 +165,7 @@ def validate_megatron_setup(megatron: MegatronConfig, model_path: str | Path) ->
         raise ValueError(
             f"trainer.megatron.pipeline_parallel_size = {pp} must divide num_hidden_layers = {layers}"
         )
+    _check_experts(megatron, hf)
     rope = rope_settings(hf)
     if rope["type"] not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
@@ -172,3 +177,26 @@ def validate_megatron_setup(megatron: MegatronConfig, model_path: str | Path) ->
             f"trainer.megatron: llama3 rope parameters {rope['llama3_params']} differ from the ones "
             f"megatron-core hard-codes {LLAMA3_ROPE_PARAMS}"
         )
+
+
+def num_experts(hf: dict[str, Any]) -> int:
+    """Routed experts per MoE layer (0 for a dense model)."""
+    return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+
+
+def _check_experts(megatron: MegatronConfig, hf: dict[str, Any]) -> None:
+    ep, experts = megatron.expert_parallel_size, num_experts(hf)
+    if ep > 1 and not experts:
+        raise ValueError(f"trainer.megatron.expert_parallel_size = {ep} needs an MoE model (this is dense)")
+    if experts and experts % ep:
+        raise ValueError(
+            f"trainer.megatron.expert_parallel_size = {ep} must divide the model's {experts} experts"
+        )
+    if experts and megatron.tensor_parallel_size > 1:
+        raise ValueError(
+            f"trainer.megatron.tensor_parallel_size = {megatron.tensor_parallel_size} with an MoE model: "
+            "megatron-core needs sequence parallelism for MoE under TP, which needs TransformerEngine "
+            "(not built here); use tensor_parallel_size = 1 and expert_parallel_size"
+        )
+    if experts and (hf.get("mlp_only_layers") or int(hf.get("decoder_sparse_step", 1)) != 1):
+        raise ValueError("trainer.megatron: MoE models with dense layers between sparse ones are not mapped")

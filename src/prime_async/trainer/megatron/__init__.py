@@ -21,8 +21,8 @@ groups, bf16 parameters with fp32 main grads, megatron's distributed optimizer. 
 batch into one share per process; the TP/PP ranks of a replica gather their shares.
 `scripts/gpu_smoke_megatron.sh` checks it on a GPU machine.
 
-Limits (checked at config validation): dense Llama/Qwen2/Qwen3 only (no MoE mapping yet, so expert
-parallel is 1), no sequence parallelism (needs TransformerEngine specs).
+Limits (checked at config validation): Llama/Qwen2/Qwen3 and Qwen3-MoE (expert parallel at TP = 1: MoE
+under TP needs sequence parallelism), no sequence parallelism (needs TransformerEngine specs).
 Checkpoints: `checkpoint` (sharded, `megatron.core.dist_checkpointing`, loadable at another layout);
 `export-megatron` converts one to an HF directory. Without CUDA the same code runs on CPU ranks over gloo
 (`cpu_ranks`): `uv run rl @ configs/tiny/rl_megatron.toml`.

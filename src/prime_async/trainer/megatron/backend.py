@@ -45,7 +45,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from prime_async.config.megatron import MegatronConfig, read_hf_config, validate_megatron_setup
 from prime_async.config.trainer import OptimConfig, TrainerConfig
 from prime_async.trainer.loss import LossFn, build_loss_fn
-from prime_async.trainer.megatron.batch import PaddedBatch, pack_logits, unpack
+from prime_async.trainer.megatron.batch import PaddedBatch, pack_logits, pad_to, unpack
 from prime_async.trainer.megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
 from prime_async.trainer.megatron.cpu_ranks import enable_cpu_ranks
 from prime_async.trainer.megatron.model import (
@@ -226,7 +226,10 @@ class MegatronBackend:
     ) -> list[dict[str, Any]]:
         """Forward/backward of one mini-batch (a padding row if this replica has none of it)."""
         mbs = mbs or [MicroBatch.padding()]
-        data = iter([(mb, unpack(mb, seq_multiple=self._seq_multiple(), device=self.device)) for mb in mbs])
+        padded = [unpack(mb, seq_multiple=self._seq_multiple(), device=self.device) for mb in mbs]
+        if mpu.get_expert_model_parallel_world_size() > 1:
+            mbs, padded = self._align_over_expert_ranks(mbs, padded)
+        data = iter(list(zip(mbs, padded, strict=True)))
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         return get_forward_backward_func()(
@@ -243,6 +246,22 @@ class MegatronBackend:
             micro_batch_size=1,
             forward_only=False,
         )
+
+    def _align_over_expert_ranks(
+        self, mbs: list[MicroBatch], padded: list[PaddedBatch]
+    ) -> tuple[list[MicroBatch], list[PaddedBatch]]:
+        """The same number of micro-batches, each of the same (B, S), on every expert-parallel rank:
+        megatron's allgather token dispatcher gathers every rank's tokens of each MoE layer and needs equal
+        sizes (padding rows and padding tokens add nothing to the loss)."""
+        group = mpu.get_expert_model_parallel_group()
+        count = torch.tensor([len(mbs)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+        while len(mbs) < int(count):
+            mbs = [*mbs, MicroBatch.padding()]
+            padded = [*padded, unpack(mbs[-1], seq_multiple=self._seq_multiple(), device=self.device)]
+        shapes = torch.tensor([list(p.input_ids.shape) for p in padded], device=self.device)
+        dist.all_reduce(shapes, op=dist.ReduceOp.MAX, group=group)
+        return mbs, [pad_to(p, int(b), int(s)) for p, (b, s) in zip(padded, shapes.tolist(), strict=True)]
 
     def train_step(
         self,

@@ -80,6 +80,20 @@ def unpack(mb: MicroBatch, *, seq_multiple: int = 1, device: torch.device | str 
     )
 
 
+def pad_to(batch: PaddedBatch, rows: int, seq: int) -> PaddedBatch:
+    """`batch` grown to (rows, seq) with padding tokens (id 0) that no packed token maps to. Used where
+    every rank of a group must run the same shape (megatron's allgather MoE dispatcher)."""
+    b, s = batch.input_ids.shape
+    if (b, s) == (rows, seq):
+        return batch
+    device = batch.input_ids.device
+    ids = torch.zeros(rows, seq, dtype=torch.long, device=device)
+    ids[:b, :s] = batch.input_ids
+    causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1)[None, None]
+    positions = torch.arange(seq, device=device).expand(rows, seq)
+    return PaddedBatch(ids, positions, causal, batch.rows, batch.cols)
+
+
 def pack_logits(logits_bsv: torch.Tensor, batch: PaddedBatch, vocab_size: int) -> torch.Tensor:
     """(B, S, V_padded) -> (T, V): packed order, vocabulary padding dropped."""
     return logits_bsv[batch.rows, batch.cols, :vocab_size]

@@ -1,4 +1,4 @@
-"""HF <-> megatron-core name/shape mapping for the dense Llama / Qwen2 / Qwen3 families.
+"""HF <-> megatron-core name/shape mapping for the dense Llama / Qwen2 / Qwen3 families and Qwen3-MoE.
 
 Why not `mbridge`: mbridge 0.15.1 resolves with our pins, but it always builds the TransformerEngine layer
 spec (`use_transformer_engine=True`, names like `linear_qkv.layer_norm_weight`) and CUDA-initialised
@@ -14,6 +14,10 @@ Layout facts the mapping encodes (megatron-core 0.16, local spec):
   (padded) vocabulary, dim 0; norms are replicated.
 - HF `input_layernorm` / `post_attention_layernorm` are `input_layernorm` / `pre_mlp_layernorm`; q/k norms are
   `self_attention.{q,k}_layernorm`.
+- MoE (Qwen3-MoE, SequentialMLP experts): HF `mlp.gate.weight` is `mlp.router.weight`; expert e's
+  gate/up/down are `mlp.experts.local_experts.{e}.linear_fc1.weight` ([gate; up]) and `linear_fc2.weight`.
+  The full dicts here use global expert indices; under expert parallelism a rank's local index l is
+  global `ep_rank * experts_per_rank + l` (`expert_slice`).
 
 Invariants: `megatron_to_hf(hf_to_megatron(sd)) == sd` exactly (tensor for tensor), and
 `unshard(shard(t, r) for r) == t`; the vocabulary padding rows are zeros on load and dropped on export.
@@ -21,12 +25,13 @@ Invariants: `megatron_to_hf(hf_to_megatron(sd)) == sd` exactly (tensor for tenso
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from prime_async.config.megatron import SUPPORTED_ARCHITECTURES
+from prime_async.config.megatron import SUPPORTED_ARCHITECTURES, num_experts
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class ModelShape:
     padded_vocab_size: int
     tied_embeddings: bool
     qkv_bias: bool
+    num_experts: int = 0  # routed experts per layer (0 = dense MLPs)
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], *, padded_vocab_size: int) -> ModelShape:
@@ -57,6 +63,7 @@ class ModelShape:
             padded_vocab_size=padded_vocab_size,
             tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
+            num_experts=num_experts(hf),
         )
 
 
@@ -108,9 +115,50 @@ def hf_layer_to_megatron(hf_sd: dict[str, torch.Tensor], i: int, j: int, shape: 
     if shape.qkv_bias:
         bias = [hf_sd[f"{src}self_attn.{p}_proj.bias"] for p in "qkv"]
         out[dst + "self_attention.linear_qkv.bias"] = _fuse_qkv(*bias, shape)
+    if shape.num_experts:
+        out.update(_hf_experts_to_megatron(hf_sd, src, dst, shape.num_experts))
+        return out
     gate, up = hf_sd[src + "mlp.gate_proj.weight"], hf_sd[src + "mlp.up_proj.weight"]
     out[dst + "mlp.linear_fc1.weight"] = torch.cat([gate, up])
     return out
+
+
+def _hf_experts_to_megatron(hf_sd: dict, src: str, dst: str, num_experts: int) -> dict:
+    """Router and experts of one MoE layer; experts keep their global index here (`expert_slice` maps
+    them to a rank's local ones)."""
+    out = {dst + "mlp.router.weight": hf_sd[src + "mlp.gate.weight"]}
+    for e in range(num_experts):
+        hf_e, m_e = f"{src}mlp.experts.{e}.", f"{dst}mlp.experts.local_experts.{e}."
+        gate, up = hf_sd[hf_e + "gate_proj.weight"], hf_sd[hf_e + "up_proj.weight"]
+        out[m_e + "linear_fc1.weight"] = torch.cat([gate, up])
+        out[m_e + "linear_fc2.weight"] = hf_sd[hf_e + "down_proj.weight"]
+    return out
+
+
+def _megatron_experts_to_hf(m_sd: dict, src: str, dst: str, num_experts: int) -> dict:
+    out = {dst + "mlp.gate.weight": m_sd[src + "mlp.router.weight"]}
+    for e in range(num_experts):
+        m_e, hf_e = f"{src}mlp.experts.local_experts.{e}.", f"{dst}mlp.experts.{e}."
+        gate, up = m_sd[m_e + "linear_fc1.weight"].chunk(2)
+        out[hf_e + "gate_proj.weight"], out[hf_e + "up_proj.weight"] = gate, up
+        out[hf_e + "down_proj.weight"] = m_sd[m_e + "linear_fc2.weight"]
+    return out
+
+
+_LOCAL_EXPERT = re.compile(r"^(?P<head>.*\.mlp\.experts\.local_experts\.)(?P<e>\d+)(?P<tail>\..*)$")
+
+
+def expert_slice(name: str, *, ep_rank: int, experts_per_rank: int) -> str:
+    """A rank's local expert parameter name -> the name with the expert's global index (others unchanged).
+    Expert parallelism gives rank r the experts [r * per_rank, (r + 1) * per_rank)."""
+    m = _LOCAL_EXPERT.match(name)
+    if m is None:
+        return name
+    return f"{m['head']}{ep_rank * experts_per_rank + int(m['e'])}{m['tail']}"
+
+
+def is_expert_param(name: str) -> bool:
+    return _LOCAL_EXPERT.match(name) is not None
 
 
 def megatron_layer_to_hf(m_sd: dict[str, torch.Tensor], j: int, i: int, shape: ModelShape) -> dict:
@@ -122,6 +170,9 @@ def megatron_layer_to_hf(m_sd: dict[str, torch.Tensor], j: int, i: int, shape: M
     if shape.qkv_bias:
         q, k, v = _split_qkv(m_sd[src + "self_attention.linear_qkv.bias"], shape)
         out.update({f"{dst}self_attn.{p}_proj.bias": t for p, t in zip("qkv", (q, k, v), strict=True)})
+    if shape.num_experts:
+        out.update(_megatron_experts_to_hf(m_sd, src, dst, shape.num_experts))
+        return out
     gate, up = m_sd[src + "mlp.linear_fc1.weight"].chunk(2)
     out[dst + "mlp.gate_proj.weight"], out[dst + "mlp.up_proj.weight"] = gate, up
     return out
@@ -169,7 +220,9 @@ def megatron_to_hf(m_sd: dict[str, torch.Tensor], shape: ModelShape, stage: Stag
 
 
 def partition_dim(name: str) -> int | None:
-    """Tensor-parallel split dim of a megatron parameter (None = replicated)."""
+    """Tensor-parallel split dim of a megatron parameter (None = replicated; experts are not TP-split)."""
+    if is_expert_param(name) or name.endswith("mlp.router.weight"):
+        return None
     if name.endswith(
         ("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
     ):

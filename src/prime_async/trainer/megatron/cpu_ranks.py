@@ -11,7 +11,9 @@ on GPUs. Each piece is the smallest one found that works, and none changes numer
   `Tensor.type()` report `torch.cuda.*` names: megatron's optimizer and grad clipping assert
   `param.type() == "torch.cuda.FloatTensor"` as a plain string check;
 - the RNG tracker is (re)initialised as an inference tracker: the default one snapshots CUDA RNG states.
-  Dropout is 0 in every config the backend builds, so no randomness is lost.
+  Dropout is 0 in every config the backend builds, so no randomness is lost;
+- `moe_utils.te_general_gemm` is defined as None: megatron-core 0.16's MoE router tests it but only
+  defines it when TransformerEngine imports (NameError otherwise), so the router uses torch's matmul.
 
 Invariant: never called in a process that has CUDA (`enable_cpu_ranks` refuses), so GPU runs are untouched.
 The mode costs a Python call per torch function, which is why it is not installed for the fsdp backend.
@@ -53,6 +55,9 @@ def enable_cpu_ranks() -> None:
         _MODE.__enter__()
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    import megatron.core.transformer.moe.moe_utils as moe_utils
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None

@@ -28,11 +28,13 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from safetensors import safe_open
 
-from prime_async.config.megatron import MegatronConfig, rope_settings
+from prime_async.config.megatron import MegatronConfig, num_experts, rope_settings
 from prime_async.trainer.megatron.bridge import (
     ModelShape,
     StageLayout,
+    expert_slice,
     hf_to_megatron,
+    is_expert_param,
     megatron_to_hf,
     padded_vocab_size,
     shard,
@@ -50,6 +52,7 @@ def init_parallel_state(cfg: MegatronConfig) -> None:
         tensor_model_parallel_size=cfg.tensor_parallel_size,
         pipeline_model_parallel_size=cfg.pipeline_parallel_size,
         expert_model_parallel_size=cfg.expert_parallel_size,
+        expert_tensor_parallel_size=1,
     )
     if torch.cuda.is_available():
         # Seeds the CUDA RNG tracker megatron's TP layers fork from (dropout is 0, so only for API needs).
@@ -75,7 +78,7 @@ def transformer_config(hf: dict[str, Any], cfg: MegatronConfig, *, dtype: torch.
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=shape.qkv_bias,
-        qk_layernorm=shape.family == "qwen3",
+        qk_layernorm=shape.family in ("qwen3", "qwen3_moe"),
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
@@ -85,13 +88,14 @@ def transformer_config(hf: dict[str, Any], cfg: MegatronConfig, *, dtype: torch.
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
-        # Micro-batches have different lengths; the P2P shapes of pipeline parallelism follow them.
-        variable_seq_lengths=True,
+        # Micro-batches have different lengths; the P2P shapes of pipeline parallelism follow them (only
+        # PP needs it, and megatron's allgather MoE dispatcher refuses it).
+        variable_seq_lengths=cfg.pipeline_parallel_size > 1,
         # The shared loss is already each micro-batch's share of the batch loss (divided by the batch's
         # loss tokens): megatron must neither divide by micro-batches nor average over data-parallel
         # ranks. Set here, at construction: megatron's DDP reads it in its own constructor.
         calculate_per_token_loss=True,
-        moe_token_dispatcher_type="alltoall",
+        **_moe_settings(hf, cfg, device),
         use_cpu_initialization=device.type == "cpu",
         # Random init is overwritten by the HF weights, but megatron-core 0.16 sets the tensor-parallel
         # attributes of a weight (which grad-norm and optimizer sharding rely on) only inside its init.
@@ -107,6 +111,29 @@ def transformer_config(hf: dict[str, Any], cfg: MegatronConfig, *, dtype: torch.
         recompute_method="uniform" if cfg.recompute_activations else None,
         recompute_num_layers=1 if cfg.recompute_activations else None,
     )
+
+
+def _moe_settings(hf: dict[str, Any], cfg: MegatronConfig, device: torch.device) -> dict[str, Any]:
+    """TransformerConfig fields of a Qwen3-MoE model: every layer sparse, softmax over all experts then
+    top-k renormalised (= megatron's top-k of the logits, then softmax over them), no load-balancing loss
+    (RL fine-tuning keeps the routing the model has), experts not tensor-parallel. On CPU ranks the
+    `allgather` dispatcher (megatron's `alltoall` one needs CUDA streams)."""
+    experts = num_experts(hf)
+    if not experts:
+        return {"moe_token_dispatcher_type": "alltoall"}
+    if not hf.get("norm_topk_prob", True):
+        raise ValueError("trainer.megatron: MoE models without norm_topk_prob are not mapped")
+    return {
+        "num_moe_experts": experts,
+        "moe_router_topk": int(hf["num_experts_per_tok"]),
+        "moe_ffn_hidden_size": int(hf["moe_intermediate_size"]),
+        "moe_router_pre_softmax": False,
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": False,
+        "expert_tensor_parallel_size": 1,
+        "moe_token_dispatcher_type": "alltoall" if device.type == "cuda" else "allgather",
+    }
 
 
 def model_shape(hf: dict[str, Any], cfg: MegatronConfig) -> ModelShape:
@@ -125,7 +152,10 @@ def build_gpt_model(
     model = GPTModel(
         config=tcfg,
         transformer_layer_spec=get_gpt_layer_local_spec(
-            qk_layernorm=tcfg.qk_layernorm, normalization="RMSNorm"
+            num_experts=tcfg.num_moe_experts,
+            moe_grouped_gemm=False,
+            qk_layernorm=tcfg.qk_layernorm,
+            normalization="RMSNorm",
         ),
         vocab_size=model_shape(hf, cfg).padded_vocab_size,
         max_sequence_length=hf["max_position_embeddings"],
@@ -171,9 +201,9 @@ def load_hf_weights(model: GPTModel, model_path: str | Path, hf: dict[str, Any],
     shape = model_shape(hf, cfg)
     full = hf_to_megatron(_read_stage_tensors(Path(model_path), stage), shape, stage)
     tp_rank, tp_size = mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()
-    params = dict(model.named_parameters())
+    params = {_global_name(n, shape): p for n, p in model.named_parameters()}
     missing = sorted(set(params) - set(full))
-    unexpected = sorted(set(full) - set(params))
+    unexpected = sorted(n for n in set(full) - set(params) if not is_expert_param(n))  # others' experts
     assert not missing and not unexpected, f"HF->megatron mapping mismatch: {missing=} {unexpected=}"
     for name, param in params.items():
         src = shard(name, full[name], tp_rank, tp_size)
@@ -198,6 +228,27 @@ def _is_tp_sharded(name: str) -> bool:
     return partition_dim(name) is not None
 
 
+def _global_name(name: str, shape: ModelShape) -> str:
+    """The parameter's name with global expert indices (expert parallelism holds a slice of them)."""
+    if not shape.num_experts:
+        return name
+    per_rank = shape.num_experts // mpu.get_expert_model_parallel_world_size()
+    return expert_slice(name, ep_rank=mpu.get_expert_model_parallel_rank(), experts_per_rank=per_rank)
+
+
+def _gather_experts(full: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
+    """Every expert of the stage (global names) on every rank of the expert-parallel group."""
+    local = {_global_name(n, shape): t for n, t in full.items()}
+    if not shape.num_experts or mpu.get_expert_model_parallel_world_size() == 1:
+        return local
+    experts = {n: t.cpu() for n, t in local.items() if is_expert_param(n)}
+    parts: list[Any] = [None] * mpu.get_expert_model_parallel_world_size()
+    dist.all_gather_object(parts, experts, group=mpu.get_expert_model_parallel_group())
+    for part in parts:
+        local.update(part)
+    return local
+
+
 @torch.no_grad()
 def export_hf_state_dict(model: GPTModel, hf: dict[str, Any], cfg: MegatronConfig) -> dict | None:
     """HF-named full tensors (on CPU) on global rank 0; None on every other rank.
@@ -206,6 +257,7 @@ def export_hf_state_dict(model: GPTModel, hf: dict[str, Any], cfg: MegatronConfi
     """
     stage = stage_layout(model)
     full = {name: _gather_tp(name, p.detach()) for name, p in model.named_parameters()}
+    full = _gather_experts(full, model_shape(hf, cfg))
     # Copies (never views of live parameters): the caller may keep them while training goes on. One dtype
     # for all tensors (megatron's local norms keep fp32 weights under bf16 training).
     dtype = model.config.params_dtype
