@@ -100,6 +100,37 @@ def build_tokenizer(out_dir: Path, *, vocab_size: int = 1024, seed: int = 0):
     return hf_tok
 
 
+def _shared_config(
+    tokenizer, *, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int, max_positions: int
+) -> dict:
+    """The config fields the dense and MoE tiny models share (vocabulary, attention, special tokens)."""
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 3,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": hidden_size // num_heads,
+        "max_position_embeddings": max_positions,
+        "tie_word_embeddings": True,
+        "bos_token_id": None,
+        "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+
+
+def _write_model(out: Path, model_cls, config, seed: int) -> Path:
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
 def build_tiny_model(
     out_dir: str | Path,
     *,
@@ -112,32 +143,16 @@ def build_tiny_model(
     seed: int = 0,
 ) -> Path:
     """Write a tiny random Qwen3ForCausalLM (~0.9M params) plus tokenizer into `out_dir`."""
-    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out, vocab_size=vocab_size, seed=seed)
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 3,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32)
-    model.generation_config.eos_token_id = config.eos_token_id
-    model.generation_config.pad_token_id = config.pad_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    return out
+    shared = _shared_config(
+        tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, max_positions=max_position_embeddings,
+    )  # fmt: skip
+    return _write_model(out, Qwen3ForCausalLM, Qwen3Config(**shared), seed)
 
 
 def build_tiny_moe_model(
@@ -155,34 +170,21 @@ def build_tiny_moe_model(
 ) -> Path:
     """Write a tiny random Qwen3-MoE causal LM (every layer sparse: `num_experts` SwiGLU experts, top-k
     routing with normalised top-k weights) plus the same tokenizer as `build_tiny_model` into `out_dir`."""
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out, vocab_size=vocab_size, seed=seed)
+    shared = _shared_config(
+        tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, max_positions=max_position_embeddings,
+    )  # fmt: skip
     config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 3,
+        **shared,
         moe_intermediate_size=hidden_size,
         num_experts=num_experts,
         num_experts_per_tok=experts_per_token,
         norm_topk_prob=True,
         decoder_sparse_step=1,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(config).to(torch.float32)
-    model.generation_config.eos_token_id = config.eos_token_id
-    model.generation_config.pad_token_id = config.pad_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    return out
+    return _write_model(out, Qwen3MoeForCausalLM, config, seed)
