@@ -104,3 +104,40 @@ def test_replayed_routing_matches_the_engine(engine_dtype: str, tiny_moe_model_d
         assert agreement["moe/routing_agreement"] < 1.0
         assert kl[False] > 3 * kl[True], kl
         assert kl["max_False"] > kl["max_True"], kl
+
+
+def test_replay_holds_through_activation_checkpointing(tiny_moe_model_dir: Path) -> None:
+    """Recorded routes that differ from the model's own (every token sent to experts 2 and 3): the
+    gradients with activation checkpointing (the backward runs the forward again) equal those without."""
+    from transformers import AutoModelForCausalLM
+
+    from prime_async.config.trainer import MaskLossConfig
+    from prime_async.trainer.fsdp import micro_batch_pass
+    from prime_async.trainer.loss import build_loss_fn
+    from prime_async.trainer.parallelize import parallelize
+
+    ids = torch.randint(3, 1000, (20,), generator=torch.Generator().manual_seed(2)).numpy().astype(np.int32)
+    mask = np.arange(20) >= 8
+    mb = MicroBatch(
+        input_ids=ids,
+        position_ids=np.arange(20, dtype=np.int32),
+        loss_mask=mask,
+        advantages=np.where(mask, 1.0, 0.0).astype(np.float32),
+        sampler_logprobs=np.where(mask, -7.0, 0.0).astype(np.float32),
+        token_versions=np.where(mask, 0, -1).astype(np.int32),
+        routed_experts=np.tile(np.array([2, 3], dtype=np.int16), (20, 3)),
+    )
+    grads = []
+    for checkpointing in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(tiny_moe_model_dir, dtype=torch.float32).train()
+        replay = RouterReplay(model)
+        model = parallelize(model, activation_checkpointing=checkpointing, compile=False)
+        micro_batch_pass(
+            model, mb, loss_fn=build_loss_fn(MaskLossConfig()), temperature=1.0, num_loss_tokens=12,
+            grad_scale=1.0, replay=replay,
+        )  # fmt: skip
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        assert replay.metrics()["moe/routing_agreement"] < 1.0  # the routes were not the model's own
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)

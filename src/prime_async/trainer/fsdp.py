@@ -116,15 +116,17 @@ def micro_batch_pass(
     replay: RouterReplay | None = None,
 ) -> tuple[float, TokenStats]:
     """Forward + backward of one packed row; returns its (unscaled) loss share and token statistics.
-    `replay`: MoE layers reuse the engine's routing of the row (`mb.routed_experts`) in the forward."""
+    `replay`: MoE layers reuse the engine's routing of the row (`mb.routed_experts`), in the forward and
+    in the backward too (activation checkpointing runs the forward again there)."""
     row = RowTensors.of(mb, next(model.parameters()).device)
     routes = mb.routed_experts if replay is not None else None
     with replay.replaying(routes, row.ids.device) if replay is not None else nullcontext():
         logp, entropy = packed_logprobs(model, row.ids, row.pos, temperature, loss_mask=row.mask)
-    loss, stats = row_loss(
-        row, logp, entropy, loss_fn=loss_fn, num_loss_tokens=num_loss_tokens, effective_steps=effective_steps
-    )
-    (loss * grad_scale).backward()
+        loss, stats = row_loss(
+            row, logp, entropy, loss_fn=loss_fn, num_loss_tokens=num_loss_tokens,
+            effective_steps=effective_steps,
+        )  # fmt: skip
+        (loss * grad_scale).backward()
     return float(loss.detach()), stats
 
 
