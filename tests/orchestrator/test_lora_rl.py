@@ -56,12 +56,14 @@ def test_lora_rl_in_flight_adapter_updates(pause_mode: str, tiny_model_dir: Path
     out, steps = tmp_path / "run", 4
     run_rl(out, tiny_model_dir, "--max-steps", str(steps), "--weights.pause-mode", pause_mode)
     orch = check_steps(out, range(steps))
-    # the watcher loads the newest published version: on a loaded machine (and in drain, which waits until
-    # nothing is in flight) the trainer may be two versions ahead, so one update can reach served >= 2
+    # What K = 2 guarantees: batch 3's groups were dispatched at version >= 1, so at least one update was
+    # served by then. How many more happened before the last cut is timing (drain waits until nothing is in
+    # flight; on a loaded machine one update may jump two versions, or the second may land after the cut:
+    # served [0, 0, 0, 1] was seen in CI).
     assert sum(m["weights/updates"] for m in orch) >= 1
     assert sum(m["weights/inflight_groups_at_update"] for m in orch) > 0, "no update happened in flight"
     served = [m["weights/served_version"] for m in orch]
-    assert served == sorted(served) and served[-1] >= 2
+    assert served == sorted(served) and served[-1] >= steps - 1 - 2
     newest = out / "broadcasts" / f"step_{steps}"
     assert sorted(p.name for p in newest.iterdir()) == [
         "STABLE",
