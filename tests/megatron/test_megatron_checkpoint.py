@@ -70,7 +70,10 @@ def test_resume_at_another_layout_is_exact_and_exports(tiny_model_dir: Path, tmp
         torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
     assert (exported / "tokenizer.json").is_file() and (exported / "config.json").is_file()
 
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert again.returncode != 0 and "exists and is not empty" in again.stderr
+    from prime_async.config.export import ExportMegatronConfig
+    from prime_async.trainer.megatron.export import run as export_run
+
+    with pytest.raises(ValueError, match="exists and is not empty"):  # refused before anything is loaded
+        export_run(ExportMegatronConfig(checkpoint=saved, output=exported))
     with pytest.raises(ValueError, match=r"trainer\.backend = 'megatron' but this trainer is 'fsdp'"):
         load_checkpoint(saved, model=None, optimizer=None, scheduler=None)
