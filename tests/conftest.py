@@ -44,7 +44,7 @@ def _has_cuda() -> bool:
 # purpose: three SGLang start-ups at once took 217 s for the distributed one (100 s when it starts alone).
 FIRST = (
     "tests/matrix/test_matrix.py",  # ~730 in all, on its own pool
-    "tests/launcher/test_sglang_cpu.py",  # ~400: two real SGLang servers, 1-3 min start-up each
+    "tests/launcher/test_sglang_cpu.py",  # ~200: a real SGLang server, 1-3 min start-up
     "tests/launcher/test_lifecycle.py",  # ~190
     "tests/orchestrator/test_distributed_rl.py",  # ~190
     "tests/orchestrator/test_env_kinds_rl.py",  # ~190
