@@ -66,3 +66,22 @@ def test_top_p_is_refused_for_training_only() -> None:
         OrchestratorConfig(envs=[{"id": "calculator", "sampling": {"top_p": 0.5}}])
     cfg = OrchestratorConfig(eval={"envs": [{"id": "reverse-text"}], "sampling": {"top_p": 0.5}})
     assert cfg.eval.sampling.top_p == 0.5, "eval episodes are never trained: any top_p"
+
+
+def test_router_replay_is_copied_everywhere_and_refused_where_it_cannot_hold(tmp_path) -> None:
+    """`router_replay` reaches all three components; a dense model, LoRA and the megatron backend are
+    refused at start in one line naming both keys."""
+    import json
+
+    moe = ["--model.path", str(tmp_path / "moe"), "--model.build", "tiny_moe", "--router-replay", "true"]
+    cfg = load_config(RLConfig, moe)
+    assert cfg.inference.router_replay and cfg.orchestrator.router_replay and cfg.trainer.router_replay
+    assert "router_replay = true with lora" in rl_error([*moe, *LORA])
+    error = rl_error([*moe, "--trainer.backend", "megatron"])
+    assert "router_replay = true with trainer.backend = 'megatron'" in error
+    assert "model.build = 'tiny'" in rl_error(["--model.build", "tiny", "--router-replay", "true"])
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    config = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
+    (dense / "config.json").write_text(json.dumps(config))
+    assert "(qwen3, dense)" in rl_error(["--model.path", str(dense), "--router-replay", "true"])

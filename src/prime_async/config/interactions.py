@@ -116,20 +116,15 @@ def _check_router_replay(cfg: RLConfig) -> None:
             "router_replay = true with lora: the embedded engine serves no LoRA adapters on MoE models; "
             "train the MoE model in full, or set router_replay = false"
         )
-    if cfg.trainer.backend == "megatron":
-        raise ValueError(
-            "router_replay = true with trainer.backend = 'megatron': the megatron backend trains MoE models "
-            "without replay so far; use trainer.backend = 'fsdp', or set router_replay = false"
-        )
     if cfg.model.build in ("tiny", "smollm2"):
         raise ValueError(
             f"router_replay = true with model.build = '{cfg.model.build}': a dense model has no routing to "
             "replay; use an MoE model (e.g. model.build = 'tiny_moe') or set router_replay = false"
         )
-    from prime_async.config.megatron import find_hf_config
+    from prime_async.config.megatron import find_hf_config, num_experts
 
     hf = find_hf_config(cfg.model.path)
-    if hf is not None and not (hf.get("num_experts") or hf.get("num_local_experts")):
+    if hf is not None and not num_experts(hf):
         raise ValueError(
             f"router_replay = true with model.path = {cfg.model.path} ({hf.get('model_type')}, dense): "
             "there is no routing to replay; use an MoE model (Qwen3-MoE family) or set router_replay = false"

@@ -313,6 +313,11 @@ class TrainerConfig(BaseConfig):
     def _check_megatron(self) -> TrainerConfig:
         if self.backend == "megatron":
             validate_megatron_setup(self.megatron, self.model.path)
+            if self.router_replay:
+                raise ValueError(
+                    "router_replay = true with trainer.backend = 'megatron': the megatron backend trains MoE "
+                    "models without replay so far; use trainer.backend = 'fsdp', or set router_replay = false"
+                )
             if self.lora is not None:
                 raise ValueError(
                     "lora with trainer.backend = 'megatron': megatron-core 0.16 has no adapter layers and "
