@@ -355,7 +355,7 @@ class Engine:
         self._running.extend(batch)  # before the forward: a failing step fails them with the others
         adapters = [r.adapter for r in batch]
         logits = self.runner.prefill(prompts, list(range(first, first + len(batch))), adapters)
-        routes = self.runner.take_routes()
+        routes = self.runner.take_routes() if any(r.keep_routes for r in batch) else None
         if routes is not None:  # a (re-)prefill recomputes every position's routing: it replaces the old
             for req, part in zip(batch, routes.split([len(p) for p in prompts]), strict=True):
                 req.routes = [part] if req.keep_routes else []
@@ -370,7 +370,7 @@ class Engine:
         ids = torch.tensor([r.output_ids[-1] for r in self._running], device=dev)
         adapters = [r.adapter for r in self._running]
         logits = self.runner.decode(ids, torch.tensor(positions, device=dev), max(positions) + 1, adapters)
-        routes = self.runner.take_routes()
+        routes = self.runner.take_routes() if any(r.keep_routes for r in self._running) else None
         if routes is not None:
             for b, req in enumerate(self._running):
                 if req.keep_routes:

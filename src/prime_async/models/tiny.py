@@ -100,10 +100,14 @@ def build_tokenizer(out_dir: Path, *, vocab_size: int = 1024, seed: int = 0):
     return hf_tok
 
 
-def _shared_config(
-    tokenizer, *, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int, max_positions: int
-) -> dict:
-    """The config fields the dense and MoE tiny models share (vocabulary, attention, special tokens)."""
+def _tokenizer_and_shared_config(
+    out: Path, *, vocab_size: int, seed: int, hidden_size: int, num_layers: int, num_heads: int,
+    num_kv_heads: int, max_positions: int,
+) -> dict:  # fmt: skip
+    """Write the tokenizer into `out`; return the config fields the dense and MoE tiny models share
+    (vocabulary, attention, special tokens)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out, vocab_size=vocab_size, seed=seed)
     return {
         "vocab_size": len(tokenizer),
         "hidden_size": hidden_size,
@@ -146,11 +150,9 @@ def build_tiny_model(
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out, vocab_size=vocab_size, seed=seed)
-    shared = _shared_config(
-        tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, max_positions=max_position_embeddings,
+    shared = _tokenizer_and_shared_config(
+        out, vocab_size=vocab_size, seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, max_positions=max_position_embeddings,
     )  # fmt: skip
     return _write_model(out, Qwen3ForCausalLM, Qwen3Config(**shared), seed)
 
@@ -173,11 +175,9 @@ def build_tiny_moe_model(
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out, vocab_size=vocab_size, seed=seed)
-    shared = _shared_config(
-        tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, max_positions=max_position_embeddings,
+    shared = _tokenizer_and_shared_config(
+        out, vocab_size=vocab_size, seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, max_positions=max_position_embeddings,
     )  # fmt: skip
     config = Qwen3MoeConfig(
         **shared,

@@ -4,8 +4,8 @@ the engine routed it to when it was generated.
 Without replay the trainer recomputes the routing; a token whose router scores are close can land on
 other experts than in the sampler, and the importance ratio then measures routing noise, not the policy
 change. With replay (`trainer.router_replay`), each micro-batch's `routed_experts` (one row per token,
-layer-major, -1 = unknown) is installed for the duration of its forward (`RouterReplay.replaying`), and
-every router module of the model:
+layer-major, -1 = unknown) is installed for its forward and backward (`RouterReplay.replaying`: activation
+checkpointing runs the forward again in the backward), and every router module of the model:
 
 - computes its own softmax probabilities as usual (so the router weights still get gradients),
 - takes the recorded experts instead of its own top-k for the tokens that have them (its own top-k for
@@ -50,8 +50,7 @@ class RouterReplay:
         if not self.routers:
             raise ValueError("router_replay = true needs an MoE model (this model has no top-k routers)")
         self._routes: torch.Tensor | None = None  # (T, layers, k) during a replayed forward
-        self._agree = torch.zeros((), dtype=torch.float64)
-        self._known = torch.zeros((), dtype=torch.float64)
+        self._counts: torch.Tensor | None = None  # (agreeing, replayed) routes, on the model's device
         for layer, router in enumerate(self.routers):
             router.forward = MethodType(_make_forward(self, layer), router)
 
@@ -90,10 +89,10 @@ class RouterReplay:
                 raise ValueError(f"routed_experts of {recorded.shape[0]} tokens, forward of {own.shape[0]}")
             known = (recorded >= 0).all(dim=-1)
             chosen = torch.where(known[:, None], recorded, own)
-            with torch.no_grad():
+            with torch.no_grad():  # no host sync here: the counts are read in `metrics`
                 same = (own.sort(-1).values == recorded.sort(-1).values).all(-1) & known
-                self._agree += same.sum().double().cpu()
-                self._known += known.sum().double().cpu()
+                counts = torch.stack([same.sum(), known.sum()]).double()
+                self._counts = counts if self._counts is None else self._counts + counts
         weights = probs.gather(-1, chosen)
         if router.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -101,13 +100,12 @@ class RouterReplay:
 
     def metrics(self) -> dict[str, float]:
         """`moe/routing_agreement` (and the count behind it) since the last call, summed over ranks."""
-        counts = torch.stack([self._agree, self._known])
+        counts = self._counts if self._counts is not None else torch.zeros(2, dtype=torch.float64)
+        self._counts = None
         if dist.is_initialized():
             counts = counts.to(reduce_device())
             dist.all_reduce(counts)
         agree, known = (float(x) for x in counts.cpu())
-        self._agree.zero_()
-        self._known.zero_()
         if known == 0:
             return {}
         return {"moe/routing_agreement": agree / known, "moe/replayed_routes": known}

@@ -104,6 +104,9 @@ def _prepare_for_load(opt) -> None:
     if not hasattr(opt, "_init_optimizer_states_with_dummy_values"):
         return
     opt._init_optimizer_states_with_dummy_values()
+    if getattr(opt, "_keeps_adam_step", False):  # installed by an earlier load of this optimizer
+        return
+    opt._keeps_adam_step = True
     copy_states = opt._set_main_param_and_optimizer_states
 
     def keep_step(model_param, tensors):
