@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from prime_async.config.interactions import lora_slots_needed
 from proc_helpers import free_port, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,10 +75,11 @@ def test_lora_rl_in_flight_adapter_updates(pause_mode: str, tiny_model_dir: Path
     loaded = [int(v) for v in re.findall(r"loaded LoRA adapter v(\d+) from", engine_log)]
     assert loaded == sorted(loaded) and loaded and loaded[-1] >= 2
     orchestrator_log = (out / "logs" / "orchestrator.log").read_text()
-    # old adapters are dropped once idle, by the update that loads the next one: required when such an
-    # update completed (the run's last update may be cut short by the end of the run, after its load)
-    completed = [int(v) for v in re.findall(r"weights v(\d+) loaded into", orchestrator_log)]
-    if any(v > loaded[0] for v in completed):
+    # old adapters are dropped once idle, by the update that loads the next one; an adapter still named by
+    # running requests stays (retract keeps them), so an unload is required only once more adapters were
+    # loaded than the engine has slots (K // interval + 2 = 4): below that, timing decides (CI saw v1-v3
+    # loaded within 0.4 s, none idle yet)
+    if len(loaded) > lora_slots_needed(2, 1):
         assert "unloaded LoRA adapter v" in engine_log
     assert f"({pause_mode})" in orchestrator_log
 
