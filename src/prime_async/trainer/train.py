@@ -3,7 +3,7 @@
     BatchReceiver.receive(n) ──► staleness check ──► backend.train_rank_batch (`TrainBackend`: FSDP2 in
          (waits: time/wait_for_batch)                 `fsdp.py`, megatron-core in `megatron/backend.py`)
                                                                    │
-       metrics (rank 0) ◄── checkpoint every ckpt.interval ◄── publish broadcasts/step_{n+1}/ (rank 0)
+  checkpoint every ckpt.interval ◄── metrics (rank 0) ◄── publish broadcasts/step_{n+1}/ (rank 0)
 
 Run as `trainer @ trainer.toml` (`entrypoints/trainer.py` calls `run`) or under
 `torchrun --nproc-per-node N -m prime_async.entrypoints.trainer` (gloo on CPU / nccl on GPU).
@@ -164,17 +164,21 @@ class Trainer:
             self.publish(n + 1)
         t3 = time.perf_counter()
         self.step = n + 1
-        if self.cfg.ckpt.interval is not None and self.step % self.cfg.ckpt.interval == 0:
-            if self.weight_sync is not None:  # a restart from this checkpoint loads its version
-                with self.stalls.waiting(f"weights v{self.step} to be written", peer="the weight writer"):
-                    self.weight_sync.flush()
-            self.backend.save_checkpoint(
-                output_dir=self.cfg.output_dir, step=self.step, keep=self.cfg.ckpt.keep
-            )
         metrics.update(timing_metrics(batch, t_start=t0, t_batch=t1, t_trained=t2, t_published=t3))
         if self.weight_sync is not None and self.weight_sync.last_write_s is not None:
             metrics["time/write_weights"] = self.weight_sync.last_write_s  # the last finished write
         return metrics
+
+    def maybe_checkpoint(self) -> None:
+        """Checkpoint `self.step` when it is a checkpoint step. Called after the step's metrics are logged,
+        so a kill between the two never leaves a checkpointed step without its metrics row (it may leave
+        one logged twice: the step is trained again after the restart)."""
+        if self.cfg.ckpt.interval is None or self.step % self.cfg.ckpt.interval != 0:
+            return
+        if self.weight_sync is not None:  # a restart from this checkpoint loads its version
+            with self.stalls.waiting(f"weights v{self.step} to be written", peer="the weight writer"):
+                self.weight_sync.flush()
+        self.backend.save_checkpoint(output_dir=self.cfg.output_dir, step=self.step, keep=self.cfg.ckpt.keep)
 
     def run(self) -> None:
         """Train until `max_steps` (forever if None), logging each step; always closes receiver, monitor."""
@@ -185,6 +189,7 @@ class Trainer:
                 if self.monitor is not None:
                     self.monitor.log(metrics, step=n)
                     log_step(logger, n, metrics)
+                self.maybe_checkpoint()
             if self.weight_sync is not None:  # the last version is written and announced before exit
                 with self.stalls.waiting(f"weights v{self.step} to be written", peer="the weight writer"):
                     self.weight_sync.flush()
