@@ -36,6 +36,7 @@ import numpy as np
 from prime_async.config.orchestrator import AdvantageConfig
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.types import Episode
+from prime_async.transport.packing import balance_rows, pack_rows
 from prime_async.transport.types import MicroBatch, TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -114,23 +115,6 @@ def _group_units(samples: list[_Sample], seq_len: int, share_prefix: bool) -> li
     return units
 
 
-def _pack_rows(units: list[_Unit], seq_len: int) -> list[list[_Unit]]:
-    """First-fit decreasing: few rows, each of <= seq_len tokens."""
-    rows: list[list[_Unit]] = []
-    free: list[int] = []
-    for unit in sorted(units, key=lambda u: u.num_tokens, reverse=True):
-        assert unit.num_tokens <= seq_len, f"sample of {unit.num_tokens} tokens > seq_len {seq_len}"
-        for i, room in enumerate(free):
-            if unit.num_tokens <= room:
-                rows[i].append(unit)
-                free[i] -= unit.num_tokens
-                break
-        else:
-            rows.append([unit])
-            free.append(seq_len - unit.num_tokens)
-    return rows
-
-
 def _row_to_micro_batch(row: list[_Unit]) -> MicroBatch:
     input_ids, positions, mask, adv, logp, versions = [], [], [], [], [], []
     routes = _row_routes(row)
@@ -172,17 +156,6 @@ def _row_routes(row: list[_Unit]) -> np.ndarray | None:
     return np.concatenate(parts).astype(np.int16, copy=False)
 
 
-def _balance(rows: list[list[_Unit]], num_ranks: int) -> list[list[list[_Unit]]]:
-    """Longest rows first onto the rank with the fewest tokens (LPT), ties to the fewest rows."""
-    per_rank: list[list[list[_Unit]]] = [[] for _ in range(num_ranks)]
-    load = [0] * num_ranks
-    for row in sorted(rows, key=lambda r: sum(u.num_tokens for u in r), reverse=True):
-        rank = min(range(num_ranks), key=lambda i: (load[i], len(per_rank[i])))
-        per_rank[rank].append(row)
-        load[rank] += sum(u.num_tokens for u in row)
-    return per_rank
-
-
 def build_train_batch(
     groups: list[Group],
     *,
@@ -202,7 +175,7 @@ def build_train_batch(
         for indices in group.seats().values():
             samples = [_Sample(group.episodes[i], advantages[i]) for i in indices]
             units.extend(_group_units(samples, seq_len, share_prefix))
-    per_rank = _balance(_pack_rows(units, seq_len), num_ranks)
+    per_rank = balance_rows(pack_rows(units, seq_len), num_ranks)
     num_rows = max(len(rows) for rows in per_rank)
     micro_batches = [
         [_row_to_micro_batch(r) for r in rows] + [MicroBatch.padding() for _ in range(num_rows - len(rows))]

@@ -24,10 +24,14 @@ from typing import Any, Protocol
 
 import torch
 
+from prime_async.trainer.loss import LossFn
 from prime_async.transport.zmq_batches import RankBatch
 
 
 class TrainBackend(Protocol):
+    loss_fn: LossFn
+    """The loss of every micro-batch (built from `loss`; `sft` sets the NLL loss after construction)."""
+
     def pretrained_config(self) -> Any:
         """The transformers `PretrainedConfig` written with every published version."""
         ...

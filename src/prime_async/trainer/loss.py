@@ -306,3 +306,18 @@ def build_loss_fn(cfg) -> LossFn:
         return out
 
     return loss_fn
+
+
+def nll_loss(
+    *, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, sample_ids=None, **_: Any
+) -> LossOutput:
+    """Supervised fine-tuning (`sft`): the mean negative log-likelihood of the loss tokens, -sum(logp) / N.
+    Sampler logprobs and advantages are not used (SFT data was not sampled); nothing is masked. Its
+    gradient equals the on-policy policy gradient with A_t = 1, so both share every backend's code path."""
+    if num_loss_tokens < 1:
+        raise ValueError("num_loss_tokens must be >= 1 (a batch without trained tokens cannot be trained)")
+    bad = ~torch.isfinite(logp.detach()) & loss_mask
+    if bool(bad.any()):
+        raise NonFiniteError(f"logp is NaN/inf on {int(bad.sum())} loss token(s)")
+    loss = -logp[loss_mask].sum() / num_loss_tokens
+    return LossOutput(loss=loss, masked=torch.zeros_like(loss_mask))

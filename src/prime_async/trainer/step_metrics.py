@@ -40,10 +40,9 @@ def log_step(logger: logging.Logger, step: int, metrics: dict[str, Any]) -> None
     )
 
 
-def build_monitor(cfg: Any) -> Any:
-    """The trainer's metrics sink (`metrics/trainer.jsonl` + wandb); rank 0 only."""
+def build_monitor(cfg: Any, name: str = "trainer") -> Any:
+    """The trainer's metrics sink (`metrics/<name>.jsonl` + wandb); rank 0 only."""
     from prime_async.utils.monitor import Monitor
 
-    return Monitor(
-        output_dir=cfg.output_dir, name="trainer", wandb_cfg=cfg.wandb, config=cfg.model_dump(mode="json")
-    )
+    config = cfg.model_dump(mode="json")
+    return Monitor(output_dir=cfg.output_dir, name=name, wandb_cfg=cfg.wandb, config=config)

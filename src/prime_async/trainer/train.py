@@ -99,13 +99,25 @@ class Trainer:
         self.step = self._maybe_resume()
         self.publisher = self._build_publisher() if self.rank == 0 else None
         self.weight_sync = self._build_weight_sync() if self.publisher is not None else None
-        self.monitor = build_monitor(cfg) if self.rank == 0 else None
-        self.receiver = BatchReceiver(cfg=cfg.transport, rank=self.rank, world_size=self.world_size)
+        self.monitor = build_monitor(cfg, name=self.metrics_name) if self.rank == 0 else None
+        self.receiver = self.batch_source()
         self.stalls = StallWatch(
             component="trainer" if self.rank == 0 else f"trainer-rank{self.rank}",
             output_dir=Path(cfg.output_dir), stall_after_s=cfg.log.stall_after_s,
             describe=lambda: {"step": self.step, "rank": self.rank, "world_size": self.world_size},
         ).start()  # fmt: skip
+
+    metrics_name = "trainer"  # metrics/<name>.jsonl
+
+    def batch_source(self) -> BatchReceiver:
+        """Where batch n comes from: the orchestrator's stream (`sft` overrides it with its data)."""
+        return BatchReceiver(cfg=self.cfg.transport, rank=self.rank, world_size=self.world_size)
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        """The step's metrics to the monitor and its console line (rank 0)."""
+        if self.monitor is not None:
+            self.monitor.log(metrics, step=step)
+            log_step(logger, step, metrics)
 
     def _maybe_resume(self) -> int:
         if not self.cfg.resume:
@@ -185,10 +197,7 @@ class Trainer:
         try:
             while self.cfg.max_steps is None or self.step < self.cfg.max_steps:
                 n = self.step
-                metrics = self.run_step()
-                if self.monitor is not None:
-                    self.monitor.log(metrics, step=n)
-                    log_step(logger, n, metrics)
+                self.log_step(n, self.run_step())
                 self.maybe_checkpoint()
             if self.weight_sync is not None:  # the last version is written and announced before exit
                 with self.stalls.waiting(f"weights v{self.step} to be written", peer="the weight writer"):

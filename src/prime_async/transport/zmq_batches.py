@@ -60,6 +60,18 @@ class RankBatch:
     metrics: dict[str, float] = field(default_factory=dict)
     max_dispatch_version: int = -1  # -1 = not reported
 
+    @classmethod
+    def of(cls, batch: TrainBatch, rank: int) -> RankBatch:
+        """Rank `rank`'s share of a whole batch built in this process (no wire: `sft` feeds its trainer
+        this way); the same fields the receiver decodes from the sender's frames."""
+        return cls(
+            step=batch.step, rank=rank, micro_batches=batch.micro_batches[rank],
+            layout=[[mb.num_tokens for mb in mbs] for mbs in batch.micro_batches],
+            num_loss_tokens=batch.num_loss_tokens, temperature=batch.temperature,
+            min_dispatch_version=batch.min_dispatch_version, metrics=dict(batch.metrics),
+            max_dispatch_version=batch.max_dispatch_version,
+        )  # fmt: skip
+
     @property
     def max_micro_batches(self) -> int:
         """Micro-batches of the busiest rank: every rank runs this many forward/backward passes."""

@@ -1,0 +1,1 @@
+"""`uv run sft`: supervised fine-tuning on the trainer's loop and backends (data -> packed batches)."""
