@@ -4,7 +4,6 @@ started from its output."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +21,11 @@ def _write_data(path: Path, n: int = 48) -> None:
     lines = []
     for i in range(n):
         text = " ".join(words[(i + j) % len(words)] for j in range(1 + i % 3))
-        messages = [{"role": "user", "content": f"Reverse: {text}"}, {"role": "assistant", "content": text[::-1]}]
-        lines.append(json.dumps({"messages": messages}))
+        user, assistant = (
+            {"role": "user", "content": f"Reverse: {text}"},
+            {"role": "assistant", "content": text[::-1]},
+        )
+        lines.append(json.dumps({"messages": [user, assistant]}))
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -38,8 +40,8 @@ def _config(tmp: Path, model_dir: Path, data: Path) -> Path:
 
 
 def _sft(config: Path, out: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "prime_async.entrypoints.sft", "@", str(config), "--output-dir", str(out), *extra]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+    cmd = [sys.executable, "-m", "prime_async.entrypoints.sft", "@", str(config), "--output-dir", str(out)]
+    return subprocess.run([*cmd, *extra], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.slow
@@ -54,7 +56,8 @@ def test_sft_resumes_exactly_and_rl_starts_from_its_output(tiny_model_dir: Path,
     losses = {m["step"]: m["loss/total"] for m in read_jsonl(tmp_path / "whole/metrics/sft.jsonl")}
     assert sorted(losses) == list(range(6)) and losses[5] < 0.85 * losses[0], losses  # it learns
     assert "step 5 | loss" in whole.stderr and "epoch 1.00" in whole.stderr
-    assert sorted(p.name for p in (tmp_path / "whole/broadcasts").iterdir() if p.is_dir()) == ["step_3", "step_6"]
+    published = sorted(p.name for p in (tmp_path / "whole/broadcasts").iterdir() if p.is_dir())
+    assert published == ["step_3", "step_6"]
 
     first = _sft(config, tmp_path / "split", "--max-steps", "3")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -68,8 +71,8 @@ def test_sft_resumes_exactly_and_rl_starts_from_its_output(tiny_model_dir: Path,
 
     rl = subprocess.run(
         [sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
-         "--model.path", str(tmp_path / "whole/final"), "--max-steps", "2", "--output-dir", str(tmp_path / "rl"),
-         "--transport.port", "0", "--inference.server.port", "0"],
+         "--model.path", str(tmp_path / "whole/final"), "--max-steps", "2",
+         "--output-dir", str(tmp_path / "rl"), "--transport.port", "0", "--inference.server.port", "0"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert rl.returncode == 0, rl.stderr[-3000:]
