@@ -301,3 +301,32 @@ def test_client_raises_engine_error_on_400(target):
             assert await c.health()
 
     run(go())
+
+
+def test_prompt_logprobs_score_the_sampled_tokens(target):
+    """A scoring request (`max_new_tokens = 0`, `logprob_start_len`) over prompt + completion gives back the
+    logprobs the engine reported when it sampled the completion (on-policy distillation scores episodes
+    this way on the teacher's engines)."""
+    prompts = [[3 + i, 40, 41 + i, 9] for i in range(3)]
+
+    async def go():
+        async with HttpEngineClient(target.base_url) as c:
+            params = {"max_new_tokens": 12, "temperature": 1.0, "ignore_eos": True}
+            sampled = await asyncio.gather(*(c.generate(p, params) for p in prompts))
+            sequences = [p + r.output_ids for p, r in zip(prompts, sampled, strict=True)]
+            scored = await c.score(sequences, [len(p) for p in prompts])
+            return sampled, scored
+
+    sampled, scored = run(go())
+    tol = 1e-4 if target.kind.startswith("embedded") else 5e-2  # SGLang: bf16 prefill vs decode kernels
+    for res, lps in zip(sampled, scored, strict=True):
+        assert len(lps) == len(res.output_ids)
+        assert max(abs(a - b) for a, b in zip(lps, res.output_logprobs, strict=True)) < tol
+    r = httpx.post(f"{target.base_url}/generate", json={"input_ids": [5, 6, 7], "return_logprob": True,
+                   "sampling_params": {"max_new_tokens": 0}, "logprob_start_len": 0}, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta_info"]
+    assert r.json()["output_ids"] == [] and meta["completion_tokens"] == 0
+    assert [it[1] for it in meta["input_token_logprobs"]] == [5, 6, 7] and meta["input_token_logprobs"][0][
+        0
+    ] is None

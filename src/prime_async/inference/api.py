@@ -26,7 +26,7 @@ class _Strict(BaseModel):
 
 
 class SamplingParamsIn(_Strict):
-    max_new_tokens: int = Field(128, ge=1)
+    max_new_tokens: int = Field(128, ge=0, description="0 = score the prompt only (no output token).")
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = -1
@@ -74,6 +74,10 @@ class GenerateReqInput(_Strict):
     def loras(self, n: int) -> list[str | None]:
         """The adapter name of each of the `n` prompts (a single string applies to all)."""
         return _per_item(self.lora_path, n, "lora_path")
+
+    def logprob_starts(self, n: int) -> list[int]:
+        """`logprob_start_len` of each of the `n` prompts (-1 = no prompt logprobs)."""
+        return _per_item(self.logprob_start_len, n, "logprob_start_len")
 
     def items(self) -> list[tuple[list[int], SamplingParamsIn, bool, str | None]]:
         """Split into single requests; raise ValueError on inconsistent batch fields."""
@@ -213,3 +217,33 @@ def generate_response(out: RequestOutput, return_logprob: bool) -> dict[str, Any
         raw = out.routed_experts.to(torch.int32).numpy().tobytes()
         meta["routed_experts"] = base64.b64encode(raw).decode("ascii")
     return {"output_ids": out.output_ids, "meta_info": meta}
+
+
+def score_response(
+    prompt: list[int],
+    logprobs: list[float | None],
+    start: int,
+    *,
+    rid: str | None,
+    weight_version: str,
+    latency_s: float,
+) -> dict[str, Any]:
+    """SGLang's answer to a scoring request (`max_new_tokens = 0`): no output, and with `return_logprob`
+    `meta_info.input_token_logprobs` items `[logprob, token_id, null]` for positions `start`.. of the
+    prompt (the first position's logprob is null); `start` = -1: none."""
+    meta: dict[str, Any] = {
+        "id": rid or "",
+        "finish_reason": {"type": "length", "length": 0},
+        "prompt_tokens": len(prompt),
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "weight_version": weight_version,
+        "weight_versions": [],
+        "e2e_latency": latency_s,
+        "output_token_logprobs": [],
+    }
+    if start >= 0:
+        meta["input_token_logprobs"] = [
+            [lp, t, None] for lp, t in zip(logprobs[start:], prompt[start:], strict=True)
+        ]
+    return {"output_ids": [], "meta_info": meta}

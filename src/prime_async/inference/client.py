@@ -157,6 +157,30 @@ class HttpEngineClient:
         resp = await self._post("/generate", payload, admin=False)
         return parse_generate(resp.json(), rid)
 
+    async def score(
+        self, sequences: list[list[int]], starts: list[int], *, temperature: float = 1.0
+    ) -> list[list[float]]:
+        """Prompt logprobs (SGLang's scoring request: `max_new_tokens = 0`, `return_logprob`,
+        `logprob_start_len`), one batched `/generate`: per sequence, the logprob of each token from
+        `starts[i]` (>= 1) on given the tokens before it."""
+        if any(start < 1 for start in starts):
+            raise ValueError(f"score: every start must be >= 1 (token 0 has no logprob), got {starts}")
+        payload = {
+            "input_ids": [list(s) for s in sequences],
+            "sampling_params": {"max_new_tokens": 0, "temperature": temperature},
+            "return_logprob": True,
+            "logprob_start_len": list(starts),
+        }
+        answers = (await self._post("/generate", payload, admin=False)).json()
+        out = []
+        for seq, start, answer in zip(sequences, starts, answers, strict=True):
+            items = answer["meta_info"].get("input_token_logprobs") or []
+            if [it[1] for it in items] != list(seq[start:]) or any(it[0] is None for it in items):
+                raise EngineError(200, "/generate", f"scoring answered {len(items)} logprobs for positions "
+                                  f"{start}..{len(seq) - 1} that do not match the tokens sent")  # fmt: skip
+            out.append([float(it[0]) for it in items])
+        return out
+
     async def pause_generation(self, mode: EnginePauseMode) -> None:
         await self._post("/pause_generation", {"mode": mode})
 

@@ -196,6 +196,13 @@ class Engine:
             if adapter is not None:
                 adapter.refs -= 1
 
+    async def score(self, prompts: list[list[int]], temperatures: list[float]) -> list[list[float | None]]:
+        """Prefill-only scoring (SGLang's `max_new_tokens = 0` with `return_logprob`): per prompt, the
+        logprob of each token given the ones before it, None for the first; one forward for all prompts,
+        run between engine steps (running requests and their caches are untouched)."""
+        scored = await self._call(lambda: self.runner.score(prompts, temperatures))
+        return [[None, *lps] for lps in scored]
+
     async def load_lora_adapter(self, name: str, path: str) -> list[str]:
         """Read, validate and register adapter `name`; returns the loaded names. ValueError on a bad
         adapter, a taken name or a full registry (nothing changes then)."""

@@ -384,30 +384,55 @@ class ModelRunner:
         Every projection runs once over the tokens of all prompts together (one pass over the weights);
         attention runs per prompt, so prompts never see each other.
         """
+        lens = [len(p) for p in prompts]
+        self.ensure_capacity(max(lens))
+        h = self._forward_prompts(prompts, slots, adapters)
+        ends = torch.tensor(lens, device=self.device).cumsum(0)
+        return self._logits(h[ends - 1])
+
+    @torch.inference_mode()
+    def score(self, prompts: list[list[int]], temperatures: list[float]) -> list[list[float]]:
+        """Prefill-only scoring: for each prompt, log_softmax(logits / T)[token] of every token from
+        position 1 on given the tokens before it (temperature 0 counts as 1, as in sampling). Nothing is
+        cached: the running requests' slots are untouched. The base model (no adapter)."""
+        h = self._forward_prompts(prompts, None, None)
+        out: list[list[float]] = []
+        for part, prompt, temp in zip(h.split([len(p) for p in prompts]), prompts, temperatures, strict=True):
+            logits = self._logits(part[:-1]) / (temp if temp > 0 else 1.0)
+            targets = torch.tensor(prompt[1:], device=self.device)[:, None]
+            out.append(torch.log_softmax(logits, dim=-1).gather(1, targets)[:, 0].tolist())
+        return out
+
+    def _forward_prompts(
+        self, prompts: list[list[int]], slots: list[int] | None, adapters: list[Adapter | None] | None
+    ) -> torch.Tensor:
+        """Hidden states (N, hidden) of every position of every prompt (N = their total length), caching
+        each prompt's k/v in its slot (`slots` None: no cache)."""
         self._refresh_fused()
         self._routes = []
         lens = [len(p) for p in prompts]
         self._set_groups(adapters, lens)
-        self.ensure_capacity(max(lens))
         ids = torch.tensor([t for p in prompts for t in p], device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
-        ends = torch.tensor(lens, device=self.device).cumsum(0)
         h = F.embedding(ids, self.embed)  # (N, hidden), N = sum of prompt lengths
         cos, sin = self.cos[positions], self.sin_signed[positions]
         for i, lw in enumerate(self.layers):
             x = _rms_norm(h, lw["norm_in"], self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)  # (N, H|KVH, D)
-            parts = zip(q.split(lens), k.split(lens), v.split(lens), slots, strict=True)
+            cache_slots = slots if slots is not None else [None] * len(prompts)
+            parts = zip(q.split(lens), k.split(lens), v.split(lens), cache_slots, strict=True)
             attn = torch.cat([self._prefill_attention(i, slot, *qkv) for *qkv, slot in parts])
             h = h + self._proj(lw, "o", attn.reshape(ids.shape[0], -1))
             h = self._mlp(lw, h)
-        return self._logits(h[ends - 1])
+        return h
 
-    def _prefill_attention(self, layer: int, slot: int, q, k, v) -> torch.Tensor:
-        """Causal attention of one prompt (T, H|KVH, D), caching its k/v in `slot`; -> (T, H, D)."""
+    def _prefill_attention(self, layer: int, slot: int | None, q, k, v) -> torch.Tensor:
+        """Causal attention of one prompt (T, H|KVH, D), caching its k/v in `slot` (None: not cached);
+        -> (T, H, D)."""
         t = q.shape[0]
-        self.k_cache[layer][slot, :, :t] = k.transpose(0, 1)
-        self.v_cache[layer][slot, :, :t] = v.transpose(0, 1)
+        if slot is not None:
+            self.k_cache[layer][slot, :, :t] = k.transpose(0, 1)
+            self.v_cache[layer][slot, :, :t] = v.transpose(0, 1)
         attn = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
             k.transpose(0, 1)[None],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,6 +37,7 @@ from prime_async.inference.api import (
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightVersionReqInput,
     generate_response,
+    score_response,
 )
 from prime_async.inference.engine import Engine
 from prime_async.weights.receiver import WeightReceiver
@@ -70,6 +72,23 @@ def _check_prompts(engine: Engine, items: list) -> None:
         bad_stop = [t for t in sp.stop_token_ids or () if not 0 <= t < engine.vocab_size]
         if bad_stop:
             raise ValueError(f"stop_token_ids: {bad_stop[0]} out of vocabulary [0, {engine.vocab_size})")
+
+
+async def _score(engine: Engine, items: list, starts: list[int]) -> list[dict[str, Any]]:
+    """The `max_new_tokens = 0` items of a request: prompt logprobs from `logprob_start_len` on, one
+    forward for all of them (SGLang's scoring request: no output token)."""
+    if not items:
+        return []
+    t0 = time.monotonic()
+    version = engine.weight_version
+    logprobs = await engine.score([p for p, _, _, _ in items], [sp.temperature for _, sp, _, _ in items])
+    latency = time.monotonic() - t0
+    return [
+        score_response(
+            prompt, lps, start if return_logprob else -1, rid=rid, weight_version=version, latency_s=latency
+        )
+        for (prompt, _, return_logprob, rid), lps, start in zip(items, logprobs, starts, strict=True)
+    ]
 
 
 def build_app(
@@ -117,15 +136,25 @@ def _add_generation_routes(app: FastAPI, engine: Engine, run_id: str | None = No
         items = req.items()
         _check_prompts(engine, items)
         loras = req.loras(len(items))
+        scored = [i for i, (_, sp, _, _) in enumerate(items) if sp.max_new_tokens == 0]
+        scores = await _score(
+            engine, [items[i] for i in scored], [req.logprob_starts(len(items))[i] for i in scored]
+        )
         outs = await asyncio.gather(
             *(
                 engine.generate(
                     prompt, sp.to_params(), rid, lora, return_routed_experts=req.return_routed_experts
                 )
                 for (prompt, sp, _, rid), lora in zip(items, loras, strict=True)
+                if sp.max_new_tokens > 0
             )
         )
-        answers = [generate_response(o, bool(lp)) for o, (_, _, lp, _) in zip(outs, items, strict=True)]
+        generated = iter(outs)
+        by_index = dict(zip(scored, scores, strict=True))
+        answers = [
+            by_index[i] if i in by_index else generate_response(next(generated), bool(lp))
+            for i, (_, _, lp, _) in enumerate(items)
+        ]
         batched = bool(req.input_ids) and isinstance(req.input_ids[0], list)
         return answers if batched else answers[0]
 
