@@ -45,6 +45,7 @@ DIMENSIONS: dict[str, list[Any]] = {
     "granularity": ["sample", "group"],
     "trainer_procs": [1, 2],
     "moe": ["off", "replay"],  # replay: the tiny Qwen3-MoE model with router_replay (R3)
+    "teacher": ["off", "on"],  # on: on-policy distillation, the student's initial model as teacher
 }
 DEFAULTS = {name: values[0] for name, values in DIMENSIONS.items()}
 
@@ -101,6 +102,8 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
     }
     if cell["lora"] == "on":
         cfg["lora"] = {"rank": 4, "alpha": 8.0}
+    if cell["teacher"] == "on":  # rl serves the teacher on an engine of its own (a free port)
+        orchestrator["teacher"] = {"model": cfg["model"]["path"], "kl_weight": 0.5, "env_weight": 1.0}
     if cell["eval"] != "off":
         orchestrator["eval"] = {"envs": [EVAL_ENV], "interval": 2, "placement": cell["eval"]}
     if cell["eval"] == "dedicated":

@@ -83,7 +83,7 @@ KEY_WORDS = {
     "weights": ("weights.transport",), "lora": ("lora",), "envs": ("envs",),
     "deterministic": ("deterministic",), "interval": ("weights.update_interval", "update_interval"),
     "granularity": ("submission_granularity",), "trainer_procs": ("num_processes",),
-    "moe": ("router_replay",),
+    "moe": ("router_replay",), "teacher": ("teacher",),
 }  # fmt: skip
 
 

@@ -163,6 +163,39 @@ class OrchestratorEvalConfig(BaseConfig):
         return bool(self.envs)
 
 
+class TeacherConfig(BaseConfig):
+    """On-policy distillation: a teacher scores every sampled token of every finished episode (prompt
+    logprobs of the episode's tokens on the teacher's engines), and the trainer adds
+    `kl_weight * (teacher logprob - sampler logprob)` to each token's advantage (`trainer/opd.py`)."""
+
+    model: str | None = Field(
+        None,
+        description="The teacher's model directory: `rl` starts an embedded engine serving it "
+        "([teacher_inference]) and fills base_urls. Standalone orchestrators give base_urls instead.",
+    )
+    base_urls: list[str] = Field(
+        default_factory=list, description="Engines serving the teacher (SGLang or embedded `/generate`)."
+    )
+    api_key: str | None = Field(None, description="Bearer token of the teacher's engines.")
+    kl_weight: float = Field(1.0, gt=0, description="Weight of the per-token reverse-KL advantage term.")
+    env_weight: float = Field(
+        0.0, ge=0, description="Weight of the environment's advantage (0 = distillation alone; 1 = added)."
+    )
+    batch_episodes: int = Field(
+        8, ge=1, description="Episodes scored in one request (forced to 1 with deterministic = true)."
+    )
+    max_concurrent_requests: int = Field(4, ge=1, description="Scoring requests in flight at once.")
+    timeout_s: float = Field(120.0, gt=0, description="HTTP timeout of one scoring request.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TeacherConfig:
+        if self.model is None and not self.base_urls:
+            raise ValueError(
+                "orchestrator.teacher: set model (under rl) or base_urls (the teacher's engines)"
+            )
+        return self
+
+
 class OrchestratorCkptConfig(BaseConfig):
     """Orchestrator checkpoints: data-source position and the prompts issued but not yet trained."""
 
@@ -269,6 +302,9 @@ class OrchestratorConfig(BaseConfig):
     shuffle: bool = Field(True, description="Shuffle the examples every epoch (seeded).")
     resume: bool = Field(False, description="Resume from the latest checkpoint under output_dir/checkpoints.")
     ckpt: OrchestratorCkptConfig = Field(default_factory=OrchestratorCkptConfig, description="Checkpoints.")
+    teacher: TeacherConfig | None = Field(
+        None, description="On-policy distillation from a teacher model (None = off)."
+    )
     lora: LoraConfig | None = Field(
         None,
         description="The run trains LoRA adapters: each update loads broadcast `step_N` with "

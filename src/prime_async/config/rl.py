@@ -22,6 +22,9 @@ its final values):
  trainer.num_processes                                      ──► orchestrator.num_train_ranks
  rl shared fields, except transport                         ──► eval_inference (when given)
  eval_inference.server.host/port                            ──► orchestrator.eval.base_urls
+ orchestrator.teacher.model (without teacher.base_urls)     ──► teacher_inference.model.path (rl starts
+     + rl shared fields except model, lora, router_replay      the teacher's engine; port 0 = a free one)
+ teacher_inference.server.host/port                         ──► orchestrator.teacher.base_urls
 ```
 
 Invariants:
@@ -76,6 +79,8 @@ SHARED_FIELDS = (
     "model", "seq_len", "max_steps", "output_dir", "wandb", "log", "transport", "run_id", "deterministic",
     "lora", "router_replay",
 )  # fmt: skip
+TEACHER_SHARED_FIELDS = ("seq_len", "max_steps", "output_dir", "wandb", "log", "run_id", "deterministic")
+ENGINE_SECTIONS = ("inference", "eval_inference", "teacher_inference")  # the engines rl may launch
 _UNSPECIFIED_HOSTS = {"0.0.0.0", "::"}
 WEIGHT_TARGETS = ("orchestrator", "trainer")  # sub-configs whose `weights` section holds every transfer key
 
@@ -157,6 +162,13 @@ class RLConfig(BaseConfig):
         "come from the top level and its URLs become orchestrator.eval.base_urls.",
     )
 
+    teacher_inference: InferenceConfig | None = Field(
+        None,
+        description="The teacher's engine `rl` launches for on-policy distillation: derived from "
+        "orchestrator.teacher.model (an embedded engine on a free port); set keys here to change it (e.g. "
+        "backend = 'sglang'). Its URLs become orchestrator.teacher.base_urls.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _propagate(cls, data: Any) -> Any:
@@ -175,6 +187,7 @@ class RLConfig(BaseConfig):
         _derive_from_k(data, subs)
         data.update(subs)
         _propagate_eval_inference(cls, data)
+        _propagate_teacher_inference(cls, data)
         return data
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -233,6 +246,10 @@ class RLConfig(BaseConfig):
             for name in SHARED_FIELDS:
                 self.eval_inference.__pydantic_fields_set__.discard(name)
             self.orchestrator.eval.__pydantic_fields_set__.discard("base_urls")
+        if self.teacher_inference is not None and self.orchestrator.teacher is not None:
+            for name in (*TEACHER_SHARED_FIELDS, "model"):
+                self.teacher_inference.__pydantic_fields_set__.discard(name)
+            self.orchestrator.teacher.__pydantic_fields_set__.discard("base_urls")
         return self
 
 
@@ -410,6 +427,37 @@ def _propagate_eval_inference(cls: type[BaseModel], data: dict[str, Any]) -> Non
         return
     _assign(OrchestratorConfig, orchestrator, ("eval", "base_urls"), urls,
             target="orchestrator.eval.base_urls", source="eval_inference.server.host/port")  # fmt: skip
+
+
+def _propagate_teacher_inference(cls: type[BaseModel], data: dict[str, Any]) -> None:
+    """`orchestrator.teacher.model` without URLs: rl serves it itself (`teacher_inference`, shared fields
+    but the model copied in), and the engine's URLs become `orchestrator.teacher.base_urls`."""
+    teacher = lookup(data["orchestrator"], ("teacher",))[1]
+    sub = data.get("teacher_inference")
+    if not isinstance(teacher, dict) or teacher.get("model") is None or teacher.get("base_urls"):
+        if sub is not None:
+            raise ValueError(
+                "teacher_inference: rl starts a teacher engine only for orchestrator.teacher.model "
+                "(without orchestrator.teacher.base_urls); set the model or remove [teacher_inference]"
+            )
+        return
+    sub = data["teacher_inference"] = dict(sub or {})
+    sub.setdefault("server", {})
+    sub["server"] = {"port": 0, **sub["server"]}
+    for name in TEACHER_SHARED_FIELDS:
+        try:
+            value = resolved(cls, data, (name,))
+        except _Unresolved:
+            continue
+        _assign(InferenceConfig, sub, (name,), value, target=f"teacher_inference.{name}", source=name)
+    _assign(InferenceConfig, sub, ("model", "path"), teacher["model"], target="teacher_inference.model.path",
+            source="orchestrator.teacher.model")  # fmt: skip
+    try:
+        urls = engine_urls(sub)
+    except _Unresolved:
+        return
+    data["orchestrator"] = dict(data["orchestrator"])
+    data["orchestrator"]["teacher"] = {**teacher, "base_urls": urls}
 
 
 def _inf(inference: dict[str, Any], path: KeyPath) -> Any:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prime_async.config.inference import InferenceConfig
-from prime_async.config.rl import RLConfig, engine_urls, explicit_values
+from prime_async.config.rl import ENGINE_SECTIONS, RLConfig, engine_urls, explicit_values
 
 _CONNECT_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 
@@ -117,9 +117,7 @@ def _num_engines(inference: InferenceConfig) -> int:
 def run_ports(cfg: RLConfig) -> list[RunPort]:
     """Every port the run binds: the engines' HTTP ports (eval engines too), the batch stream, the control
     channel and (distributed weights) the weight process group's rendezvous."""
-    sections = [("inference", cfg.inference)]
-    if cfg.eval_inference is not None:
-        sections.append(("eval_inference", cfg.eval_inference))
+    sections = [(name, getattr(cfg, name)) for name in ENGINE_SECTIONS if getattr(cfg, name) is not None]
     ports = [
         RunPort(f"{name}.server.port" + (f" + {i}" if i else ""), inf.server.host, inf.server.port + i)
         for name, inf in sections
@@ -138,7 +136,7 @@ def resolve_run(cfg: RLConfig) -> RLConfig:
     """`cfg` with a run id and concrete ports (0 = a free port), re-validated so every section agrees."""
     data = explicit_values(cfg)
     data["run_id"] = cfg.run_id or new_run_id()
-    for name in ("inference", "eval_inference"):
+    for name in ENGINE_SECTIONS:
         inference = getattr(cfg, name)
         if inference is not None and inference.server.port == 0:
             port = free_ports(inference.server.host, _num_engines(inference))

@@ -7,6 +7,8 @@ into the three sub-configs.
  rl ──► inference  (health-checked before the others start; restarted with the latest weights if it dies)
     ──► eval_inference (only with [eval_inference]: dedicated eval engines; health- and identity-checked
                         with inference; not restartable: its death fails the run)
+    ──► teacher_inference (only with orchestrator.teacher.model: the distillation teacher's engine; health-
+                        and identity-checked with inference; not restartable either)
     ──► trainer    (torchrun when num_processes > 1)
     ──► orchestrator
     ◄── metrics/*.jsonl (progress view)
@@ -35,7 +37,7 @@ from typing import Any
 
 from prime_async.config.eval import EvalConfig
 from prime_async.config.inference import InferenceConfig
-from prime_async.config.rl import RLConfig
+from prime_async.config.rl import ENGINE_SECTIONS, RLConfig
 from prime_async.launcher.identity import check_engine_identity, check_ports_free, resolve_run
 from prime_async.launcher.process import Component, tail_lines
 from prime_async.launcher.progress import ProgressView
@@ -54,7 +56,7 @@ def write_sub_configs(cfg: RLConfig, config_dir: Path) -> dict[str, Path]:
 
     config_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name in ("inference", "orchestrator", "trainer", "eval_inference"):
+    for name in ("orchestrator", "trainer", *ENGINE_SECTIONS):
         sub = getattr(cfg, name)
         if sub is None:
             continue
@@ -111,6 +113,18 @@ def ensure_model(cfg: RLConfig | EvalConfig) -> None:
         logger.info("model.path %s is not a local directory: components load it as an HF id", path)
 
 
+def _check_teacher_model(cfg: RLConfig) -> None:
+    """The teacher's model directory must exist before its engine starts (it is never built here)."""
+    teacher = cfg.orchestrator.teacher
+    if cfg.teacher_inference is None or teacher is None or teacher.model is None:
+        return
+    if not (Path(teacher.model) / "config.json").exists():
+        raise ValueError(
+            f"orchestrator.teacher.model: {teacher.model} has no config.json (a model directory: e.g. "
+            "the `final` directory of an `sft` run, or a published version broadcasts/step_<n> of a run)"
+        )
+
+
 def _build_tiny(kind: str, path: Path) -> None:
     """Build into a private directory, then rename: two runs building the same path never see half a
     model (the loser of the rename keeps the winner's identical model)."""
@@ -156,14 +170,16 @@ def build_components(cfg: RLConfig, paths: dict[str, Path], log_dir: Path) -> di
             env=env,
         ),
     }
-    if cfg.eval_inference is not None:
-        components["eval_inference"] = Component(
-            name="eval_inference",
-            command=[*script_command("inference"), "@", str(paths["eval_inference"])],
-            log_path=log_dir / "eval_inference.log",
-            env=env,
-            health_url=_inference_health_url(cfg.eval_inference),
-        )
+    for name in ENGINE_SECTIONS[1:]:  # dedicated eval engines, the teacher's engine
+        inference = getattr(cfg, name)
+        if inference is not None:
+            components[name] = Component(
+                name=name,
+                command=[*script_command("inference"), "@", str(paths[name])],
+                log_path=log_dir / f"{name}.log",
+                env=env,
+                health_url=_inference_health_url(inference),
+            )
     return components
 
 
@@ -189,6 +205,7 @@ def run(cfg: RLConfig) -> None:
     output_dir = Path(cfg.output_dir)
     paths = write_sub_configs(cfg, output_dir / "configs")
     ensure_model(cfg)
+    _check_teacher_model(cfg)
     components = build_components(cfg, paths, output_dir / "logs")
     status = _supervise(cfg, components, output_dir)
     raise SystemExit(status)
@@ -224,7 +241,7 @@ def _start_and_watch(
     # Everything starts at once: the trainer and the orchestrator need nothing from the engines to load
     # (model, environments); the orchestrator waits for the engines itself and checks, as the launcher
     # does here, that they belong to this run before it sends them anything.
-    engines = [components[n] for n in ("inference", "eval_inference") if n in components]
+    engines = [components[n] for n in ENGINE_SECTIONS if n in components]
     for engine in engines:
         engine.start()
     components["trainer"].start()
@@ -232,9 +249,9 @@ def _start_and_watch(
     for engine in engines:
         engine.wait_healthy(timeout_s=cfg.startup_timeout_s, stop_flag=stop_signal)
     if not stop_signal:
-        check_engine_identity(cfg)
-        if cfg.eval_inference is not None:
-            check_engine_identity(cfg, cfg.eval_inference)
+        for name in ENGINE_SECTIONS:
+            if getattr(cfg, name) is not None:
+                check_engine_identity(cfg, getattr(cfg, name))
     progress = ProgressView(metrics_dir=output_dir / "metrics", max_steps=cfg.max_steps)
     budget = RestartBudget(max_restarts=cfg.restart.max_restarts)
     while not stop_signal:
@@ -350,7 +367,7 @@ def _first_failure(components: dict[str, Component]) -> Component | None:
         code = component.returncode()
         if code is not None and code != 0:
             return component
-    for name in ("inference", "eval_inference"):
+    for name in ENGINE_SECTIONS:
         if name in components and components[name].returncode() == 0:
             return components[name]  # engines must outlive the run
     return None

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prime_async.config.orchestrator import AdvantageConfig
+from prime_async.config.orchestrator import AdvantageConfig, TeacherConfig
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.types import Episode
 from prime_async.transport.packing import balance_rows, pack_rows
@@ -115,8 +115,8 @@ def _group_units(samples: list[_Sample], seq_len: int, share_prefix: bool) -> li
     return units
 
 
-def _row_to_micro_batch(row: list[_Unit]) -> MicroBatch:
-    input_ids, positions, mask, adv, logp, versions = [], [], [], [], [], []
+def _row_to_micro_batch(row: list[_Unit], with_teacher: bool = False) -> MicroBatch:
+    input_ids, positions, mask, adv, logp, versions, teacher = [], [], [], [], [], [], []
     routes = _row_routes(row)
     for unit in row:
         for i, s in enumerate(unit.samples):
@@ -128,6 +128,10 @@ def _row_to_micro_batch(row: list[_Unit]) -> MicroBatch:
             adv.extend(s.advantage if m else 0.0 for m in loss)
             logp.extend(lp if m else 0.0 for lp, m in zip(ep.sampler_logprobs[start:], loss, strict=True))
             versions.extend(v if m else -1 for v, m in zip(ep.token_versions[start:], loss, strict=True))
+            if ep.teacher_logprobs is not None:
+                teacher.extend(ep.teacher_logprobs[start:])
+            else:  # errored episodes carry no loss token
+                teacher.extend([0.0] * len(loss))
     return MicroBatch(
         input_ids=np.asarray(input_ids, dtype=np.int32),
         position_ids=np.asarray(positions, dtype=np.int32),
@@ -136,6 +140,7 @@ def _row_to_micro_batch(row: list[_Unit]) -> MicroBatch:
         sampler_logprobs=np.asarray(logp, dtype=np.float32),
         token_versions=np.asarray(versions, dtype=np.int32),
         routed_experts=routes,
+        teacher_logprobs=np.asarray(teacher, dtype=np.float32) if with_teacher else None,
     )
 
 
@@ -165,26 +170,36 @@ def build_train_batch(
     temperature: float,
     advantage_cfg: AdvantageConfig,
     share_prefix: bool = False,
+    teacher: TeacherConfig | None = None,
 ) -> TrainBatch:
     """Turn the groups of one batch cut into the TrainBatch of trainer step `step`; `share_prefix`: pack
-    each seat's episodes of a group as one shared prefix plus branches."""
+    each seat's episodes of a group as one shared prefix plus branches; `teacher` (on-policy distillation):
+    environment advantages scaled by its `env_weight`, rows carry the teacher's logprobs, the batch its
+    `kl_weight`, and `opd/reverse_kl` is the mean of sampler - teacher logprob over the loss tokens."""
     assert groups, "build_train_batch needs at least one group"
     units: list[_Unit] = []
     for group in groups:
         advantages = seat_advantages(group, advantage_cfg)
+        if teacher is not None:
+            advantages = [a * teacher.env_weight for a in advantages]
         for indices in group.seats().values():
             samples = [_Sample(group.episodes[i], advantages[i]) for i in indices]
             units.extend(_group_units(samples, seq_len, share_prefix))
     per_rank = balance_rows(pack_rows(units, seq_len), num_ranks)
     num_rows = max(len(rows) for rows in per_rank)
     micro_batches = [
-        [_row_to_micro_batch(r) for r in rows] + [MicroBatch.padding() for _ in range(num_rows - len(rows))]
+        [_row_to_micro_batch(r, teacher is not None) for r in rows]
+        + [MicroBatch.padding() for _ in range(num_rows - len(rows))]
         for rows in per_rank
     ]
     sample_tokens = sum(s.num_tokens for u in units for s in u.samples)
     packed_tokens = sum(u.num_tokens for u in units)
+    metrics = {"batch/sample_tokens": float(sample_tokens), "batch/packed_tokens": float(packed_tokens)}
+    if teacher is not None:
+        metrics.update(reverse_kl_metrics(micro_batches))
     return TrainBatch(
-        metrics={"batch/sample_tokens": float(sample_tokens), "batch/packed_tokens": float(packed_tokens)},
+        metrics=metrics,
+        teacher_kl_weight=teacher.kl_weight if teacher is not None else 0.0,
         step=step,
         micro_batches=micro_batches,
         num_loss_tokens=sum(mb.num_loss_tokens for rank in micro_batches for mb in rank),
@@ -192,3 +207,19 @@ def build_train_batch(
         min_dispatch_version=min(g.dispatch_version for g in groups),
         max_dispatch_version=max(g.dispatch_version for g in groups),
     )
+
+
+def reverse_kl_metrics(micro_batches: list[list[MicroBatch]]) -> dict[str, float]:
+    """`opd/reverse_kl`: mean over the batch's loss tokens of sampler - teacher logprob, the sample estimate
+    of KL(student || teacher) along the student's trajectories; `opd/teacher_logprob` its teacher side."""
+    diffs, teacher = [], []
+    for mb in (mb for rank in micro_batches for mb in rank):
+        if mb.teacher_logprobs is not None and mb.loss_mask.any():
+            diffs.append((mb.sampler_logprobs - mb.teacher_logprobs)[mb.loss_mask])
+            teacher.append(mb.teacher_logprobs[mb.loss_mask])
+    if not diffs:
+        return {"opd/reverse_kl": 0.0, "opd/teacher_logprob": 0.0}
+    return {
+        "opd/reverse_kl": float(np.concatenate(diffs).mean()),
+        "opd/teacher_logprob": float(np.concatenate(teacher).mean()),
+    }

@@ -27,7 +27,9 @@ Invariants:
   a prompt that does not fit `seq_len` (`prompt_too_long`) within those first groups fails `run()` at
   the first such episode, naming the env (a config mismatch, not bad luck);
 - with a deterministic schedule (`schedule.py`), a group's id is its schedule slot and each episode
-  samples with `sampling.seed = episode_seed(run seed, env, example, epoch, index in the group)`.
+  samples with `sampling.seed = episode_seed(run seed, env, example, epoch, index in the group)`;
+- with a teacher (on-policy distillation), a group's episodes are scored (`teacher.py`) before the group
+  is finished, so batch cuts only ever see scored groups.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.env_mix import EnvMix
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.schedule import DeterministicSchedule
+from prime_async.orchestrator.teacher import TeacherScorer
 from prime_async.orchestrator.train_sink import Sink
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.episode_errors import EpisodeErrors, EpisodesFailing
@@ -64,6 +67,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         fail_fast_groups: int = 2,
         schedule: DeterministicSchedule | None = None,
+        teacher: TeacherScorer | None = None,
     ):
         self.envs = envs
         self.admission = admission
@@ -79,6 +83,7 @@ class Dispatcher:
         self._finished_groups = 0
         self._failed_early_groups = 0
         self.schedule = schedule
+        self.teacher = teacher
 
     # -- main loop -------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -111,6 +116,8 @@ class Dispatcher:
         try:
             episodes = (self._run_episode(group, i) for i in range(self.groups.group_size))
             results = await asyncio.gather(*episodes)
+            if self.teacher is not None:  # before the group is finished: the cut never waits on it
+                await self.teacher.score([ep for trajectories in results for ep in trajectories])
         except asyncio.CancelledError:
             if self.groups.is_inflight(group.group_id):  # shutdown, not a cancel: nothing to account
                 raise

@@ -49,6 +49,7 @@ from prime_async.orchestrator.env_mix import EnvMix, MixEnv
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.metrics import batch_metrics
 from prime_async.orchestrator.schedule import DeterministicSchedule
+from prime_async.orchestrator.teacher import TeacherScorer
 from prime_async.orchestrator.train_sink import Sink, build_train_sink
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.engine_checks import (
@@ -80,6 +81,7 @@ class Components:
     sink: Sink
     watcher: WeightWatcher
     start_step: int = 0
+    teacher: TeacherScorer | None = None
 
 
 def build_env_mix(cfg: OrchestratorConfig, sources: Mapping[str, RolloutSource]) -> EnvMix:
@@ -105,6 +107,7 @@ def build_components(
     request_gate: RequestGate | None = None,
     stalls: StallWatch | None = None,
     signal: UpdateSignal | None = None,
+    teacher: TeacherScorer | None = None,
 ) -> Components:
     """Build every component from `cfg`; restore the data positions and the mix when `cfg.resume`.
 
@@ -149,6 +152,7 @@ def build_components(
         clock=clock,
         fail_fast_groups=cfg.fail_fast_groups,
         schedule=schedule,
+        teacher=teacher,
     )
     watcher = WeightWatcher(
         engines=engines,
@@ -165,7 +169,7 @@ def build_components(
         stalls=stalls,
         signal=signal,
     )
-    return Components(envs, groups, admission, dispatcher, sink, watcher, start_step)
+    return Components(envs, groups, admission, dispatcher, sink, watcher, start_step, teacher)
 
 
 def _schedule(cfg: OrchestratorConfig, start_step: int) -> DeterministicSchedule | None:
@@ -246,6 +250,7 @@ async def run_loop(
                 temperature=cfg.sampling.temperature,
                 advantage_cfg=cfg.advantage,
                 share_prefix=cfg.share_prompt_prefix,
+                teacher=cfg.teacher,
             )
             if on_step is not None:
                 on_step(step, groups)
@@ -322,6 +327,8 @@ def _step_metrics(
     metrics.update(comps.admission.window_metrics())
     metrics.update(comps.dispatcher.window_metrics())
     metrics.update(comps.watcher.window_metrics())
+    if comps.teacher is not None:
+        metrics.update(comps.teacher.window_metrics())
     metrics["time/step"] = time_step
     metrics["time/wait_data"] = wait_data
     return metrics
@@ -337,6 +344,25 @@ async def _shutdown(comps: Components, background: list[asyncio.Task]) -> None:
         )
     except TimeoutError:
         logger.error("orchestrator background tasks did not stop within %.0f s", SHUTDOWN_TIMEOUT_S)
+
+
+async def _start_teacher(
+    cfg: OrchestratorConfig, stack: contextlib.AsyncExitStack, stalls: StallWatch
+) -> TeacherScorer | None:
+    """The teacher's scorer (on-policy distillation), once its engines answer /health; closed by `stack`."""
+    if cfg.teacher is None:
+        return None
+    teacher = TeacherScorer(
+        cfg.teacher, temperature=cfg.sampling.temperature, deterministic=cfg.deterministic
+    )
+    stack.push_async_callback(teacher.aclose)
+    with stalls.waiting("the teacher's engines to answer /health", peer="the teacher engines"):
+        await wait_for_engines(teacher.clients, timeout_s=cfg.inference.timeout_s)
+    urls, t = ", ".join(cfg.teacher.base_urls), cfg.teacher
+    logger.info(
+        "teacher: %s scores every episode (kl_weight %g, env_weight %g)", urls, t.kl_weight, t.env_weight
+    )
+    return teacher
 
 
 def _console_line(step: int, m: dict[str, float]) -> str:
@@ -397,6 +423,7 @@ async def _run(cfg: OrchestratorConfig) -> None:
             await check_engines_belong_to_run(
                 engines, cfg.run_id, model_path=str(cfg.model.path), broadcasts=cfg.output_dir / "broadcasts"
             )
+            teacher = await _start_teacher(cfg, stack, stalls)
             versions = await asyncio.gather(*(e.weight_version() for e in engines))
             served = min(versions)
             comps = build_components(
@@ -409,6 +436,7 @@ async def _run(cfg: OrchestratorConfig) -> None:
                 request_gate=gate,
                 stalls=stalls,
                 signal=signal,
+                teacher=teacher,
             )
             stalls.describe = functools.partial(stall_state, comps, sources, control)
             check_served_not_ahead(max(versions), comps.start_step)

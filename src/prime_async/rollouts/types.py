@@ -40,6 +40,9 @@ class Episode:
     routed_experts: Any = None
     """MoE routing replay: (len(token_ids), layers * k) int16 numpy, the engine's experts per token, -1
     where the engine reported none (e.g. the last token); None without replay."""
+    teacher_logprobs: list[float] | None = None
+    """On-policy distillation: the teacher's logprob of each token given the ones before it, on loss
+    tokens (0.0 elsewhere); None without a teacher."""
     reward: float | None = None
     span: PolicySpan | None = None
     status: EpisodeStatus = "ok"

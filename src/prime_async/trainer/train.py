@@ -1,8 +1,10 @@
 """The trainer loop, one for every backend: batch n in over ZeroMQ, trained, weights v_{n+1} out.
 
-    BatchReceiver.receive(n) ──► staleness check ──► backend.train_rank_batch (`TrainBackend`: FSDP2 in
-         (waits: time/wait_for_batch)                 `fsdp.py`, megatron-core in `megatron/backend.py`)
-                                                                   │
+    BatchReceiver.receive(n) ──► staleness check ──► teacher term (`opd.py`, distillation only)
+         (waits: time/wait_for_batch)                            │
+                                   backend.train_rank_batch (`TrainBackend`: FSDP2 in `fsdp.py`,
+                                   megatron-core in `megatron/backend.py`)
+                                                                 │
   checkpoint every ckpt.interval ◄── metrics (rank 0) ◄── publish broadcasts/step_{n+1}/ (rank 0)
 
 Run as `trainer @ trainer.toml` (`entrypoints/trainer.py` calls `run`) or under
@@ -29,6 +31,7 @@ import torch.distributed as dist
 from prime_async.config.trainer import TrainerConfig
 from prime_async.trainer.backend import TrainBackend
 from prime_async.trainer.ckpt import checkpoint_steps, latest_checkpoint
+from prime_async.trainer.opd import apply_teacher_advantage
 from prime_async.trainer.step_metrics import build_monitor, log_step, timing_metrics
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
 from prime_async.utils.stall import StallWatch
@@ -170,7 +173,7 @@ class Trainer:
             batch = self.receiver.receive(n)
         t1 = time.perf_counter()
         check_staleness(batch, self.cfg.max_off_policy_steps)
-        metrics = self.backend.train_rank_batch(batch)
+        metrics = self.backend.train_rank_batch(apply_teacher_advantage(batch))
         t2 = time.perf_counter()
         with self.stalls.waiting(f"weights v{n + 1} to publish", peer=f"the weight writer (v{n} first)"):
             self.publish(n + 1)

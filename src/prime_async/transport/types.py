@@ -15,6 +15,9 @@ Invariants:
 - `token_versions` hold the weight version each token was sampled under (-1 where unknown / not sampled).
 - `routed_experts` (MoE routing replay, else None) is (T, layers * k) int16: row t holds the experts token
   t was routed to by the engine, layer-major, -1 where unknown (the trainer routes those itself).
+- `teacher_logprobs` (on-policy distillation, else None) is (T,) float32: the teacher's logprob of token t
+  given the tokens before it, at the sampling temperature, on loss tokens (0.0 elsewhere); a batch
+  carries it on every row iff its `teacher_kl_weight` > 0.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class MicroBatch:
     sampler_logprobs: np.ndarray
     token_versions: np.ndarray
     routed_experts: np.ndarray | None = None
+    teacher_logprobs: np.ndarray | None = None
 
     @classmethod
     def padding(cls) -> MicroBatch:
@@ -73,6 +77,12 @@ class MicroBatch:
             return np.ascontiguousarray(self.routed_experts, dtype=ROUTES_DTYPE)
         return np.full((self.num_tokens, width), -1, dtype=ROUTES_DTYPE)
 
+    def teacher_or_zeros(self) -> np.ndarray:
+        """`teacher_logprobs`, or zeros (padding rows, which have no loss token)."""
+        if self.teacher_logprobs is not None:
+            return np.ascontiguousarray(self.teacher_logprobs, dtype=np.float32)
+        return np.zeros(self.num_tokens, dtype=np.float32)
+
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
@@ -95,3 +105,4 @@ class TrainBatch:
     min_dispatch_version: int
     metrics: dict[str, float] = field(default_factory=dict)
     max_dispatch_version: int = -1  # newest group's (-1 = unknown): the trainer refuses one > step
+    teacher_kl_weight: float = 0.0  # on-policy distillation: > 0 iff every row carries teacher_logprobs

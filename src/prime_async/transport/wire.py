@@ -6,7 +6,8 @@
                                           ◄───  [ErrorReply]                     (e.g. step evicted)
 
 A batch message for rank r holds, for each of its micro-batches in order, one frame per array of
-`ARRAY_NAMES` (so `6 * num_micro_batches` array frames). Each frame is the raw little-endian bytes of a
+`ARRAY_NAMES` (so `6 * num_micro_batches` array frames), then `routed_experts` when `routes_width` > 0
+and `teacher_logprobs` when `teacher_kl_weight` > 0. Each frame is the raw little-endian bytes of a
 flat array; `BatchHeader.arrays` says its name, dtype and length.
 
 Invariants (checked by `decode_*`, which raise `WireError`, never skip):
@@ -26,8 +27,10 @@ import numpy as np
 from prime_async.transport.types import ARRAY_DTYPES, ROUTES_DTYPE, MicroBatch, TrainBatch
 
 ARRAY_NAMES: tuple[str, ...] = tuple(ARRAY_DTYPES)
-PROTOCOL_VERSION = 3  # 2: rows may hold branches (shared-prompt packing); 3: optional routed experts
+PROTOCOL_VERSION = 4  # 2: rows may hold branches; 3: optional routed experts; 4: optional teacher logprobs
 ROUTES = "routed_experts"
+TEACHER = "teacher_logprobs"
+TEACHER_DTYPE = np.dtype(np.float32)
 
 
 class WireError(RuntimeError):
@@ -65,6 +68,7 @@ class BatchHeader(msgspec.Struct, tag="batch", frozen=True):
     protocol: int = PROTOCOL_VERSION
     max_dispatch_version: int = -1  # newest group's; -1 = not reported (older senders)
     routes_width: int = 0  # > 0: every micro-batch has a `routed_experts` frame of (length, routes_width)
+    teacher_kl_weight: float = 0.0  # > 0: every micro-batch has a `teacher_logprobs` frame (after routes)
 
 
 class ErrorReply(msgspec.Struct, tag="error", frozen=True):
@@ -113,6 +117,12 @@ def encode_rank_slice(batch: TrainBatch, rank: int) -> list[bytes | memoryview]:
                 raise WireError(f"routed_experts {routes.shape} != ({mb.num_tokens}, {width})")
             arrays.append(ArraySpec(name=ROUTES, dtype=routes.dtype.str, length=int(routes.size)))
             frames.append(memoryview(routes.reshape(-1)).cast("B"))
+        if batch.teacher_kl_weight > 0:
+            teacher = mb.teacher_or_zeros()
+            if teacher.shape != (mb.num_tokens,):
+                raise WireError(f"teacher_logprobs {teacher.shape} != ({mb.num_tokens},)")
+            arrays.append(ArraySpec(name=TEACHER, dtype=teacher.dtype.str, length=int(teacher.size)))
+            frames.append(memoryview(teacher).cast("B"))
     header = BatchHeader(
         step=batch.step,
         rank=rank,
@@ -125,6 +135,7 @@ def encode_rank_slice(batch: TrainBatch, rank: int) -> list[bytes | memoryview]:
         max_dispatch_version=batch.max_dispatch_version,
         metrics=dict(batch.metrics),
         routes_width=width,
+        teacher_kl_weight=batch.teacher_kl_weight,
     )
     return [_encoder.encode(header), *frames]
 
@@ -142,8 +153,13 @@ def routes_width(batch: TrainBatch) -> int:
     return widths.pop() if widths else 0
 
 
-def _frames_per_micro_batch(header: BatchHeader) -> int:
-    return len(ARRAY_NAMES) + (1 if header.routes_width else 0)
+def _frame_names(header: BatchHeader) -> tuple[str, ...]:
+    """The array frames of one micro-batch, in order."""
+    return (
+        ARRAY_NAMES
+        + ((ROUTES,) if header.routes_width else ())
+        + ((TEACHER,) if header.teacher_kl_weight else ())
+    )
 
 
 def _check_header(header: BatchHeader, num_frames: int) -> None:
@@ -155,7 +171,9 @@ def _check_header(header: BatchHeader, num_frames: int) -> None:
         raise WireError(f"num_loss_tokens must be >= 0, got {header.num_loss_tokens}")
     if header.routes_width < 0:
         raise WireError(f"routes_width must be >= 0, got {header.routes_width}")
-    expected = len(header.layout[header.rank]) * _frames_per_micro_batch(header)
+    if not (math.isfinite(header.teacher_kl_weight) and header.teacher_kl_weight >= 0):
+        raise WireError(f"teacher_kl_weight must be finite and >= 0, got {header.teacher_kl_weight}")
+    expected = len(header.layout[header.rank]) * len(_frame_names(header))
     if len(header.arrays) != expected or num_frames != expected:
         raise WireError(
             f"step {header.step} rank {header.rank}: expected {expected} array frames, "
@@ -164,7 +182,9 @@ def _check_header(header: BatchHeader, num_frames: int) -> None:
 
 
 def _decode_array(spec: ArraySpec, frame: bytes | memoryview, max_frame_bytes: int) -> np.ndarray:
-    expected_dtype = ROUTES_DTYPE if spec.name == ROUTES else ARRAY_DTYPES.get(spec.name)
+    expected_dtype = {ROUTES: ROUTES_DTYPE, TEACHER: TEACHER_DTYPE}.get(spec.name) or ARRAY_DTYPES.get(
+        spec.name
+    )
     if expected_dtype is None:
         raise WireError(f"unknown array {spec.name!r}")
     if np.dtype(spec.dtype) != expected_dtype:
@@ -190,14 +210,15 @@ def decode_rank_slice(
         raise WireError(f"expected a batch message, got {type(msg).__name__}: {msg}")
     _check_header(msg, len(frames) - 1)
     micro_batches: list[MicroBatch] = []
-    n, width = _frames_per_micro_batch(msg), msg.routes_width
-    names = ARRAY_NAMES + ((ROUTES,) if width else ())
+    names, width = _frame_names(msg), msg.routes_width
+    n = len(names)
     for i, length in enumerate(msg.layout[msg.rank]):
         specs = msg.arrays[i * n : (i + 1) * n]
         if tuple(s.name for s in specs) != names:
             raise WireError(f"micro-batch {i}: arrays {[s.name for s in specs]} != {list(names)}")
         lengths = [s.length // width if s.name == ROUTES else s.length for s in specs]
-        if any(x != length for x in lengths) or (width and specs[-1].length != length * width):
+        routes_ok = not width or specs[len(ARRAY_NAMES)].length == length * width
+        if any(x != length for x in lengths) or not routes_ok:
             raise WireError(f"micro-batch {i}: array lengths {[s.length for s in specs]} != layout {length}")
         mb_frames = frames[1 + i * n : 1 + (i + 1) * n]
         arrays = {s.name: _decode_array(s, f, max_frame_bytes) for s, f in zip(specs, mb_frames, strict=True)}

@@ -59,6 +59,7 @@ class RankBatch:
     min_dispatch_version: int
     metrics: dict[str, float] = field(default_factory=dict)
     max_dispatch_version: int = -1  # -1 = not reported
+    teacher_kl_weight: float = 0.0  # on-policy distillation: rows carry teacher_logprobs when > 0
 
     @classmethod
     def of(cls, batch: TrainBatch, rank: int) -> RankBatch:
@@ -70,6 +71,7 @@ class RankBatch:
             num_loss_tokens=batch.num_loss_tokens, temperature=batch.temperature,
             min_dispatch_version=batch.min_dispatch_version, metrics=dict(batch.metrics),
             max_dispatch_version=batch.max_dispatch_version,
+            teacher_kl_weight=batch.teacher_kl_weight,
         )  # fmt: skip
 
     @property
@@ -317,6 +319,7 @@ class BatchReceiver:
             min_dispatch_version=header.min_dispatch_version,
             max_dispatch_version=header.max_dispatch_version,
             metrics=dict(header.metrics),
+            teacher_kl_weight=header.teacher_kl_weight,
         )
 
     def close(self) -> None:
