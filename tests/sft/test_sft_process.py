@@ -86,3 +86,23 @@ def test_bad_data_is_one_line_naming_the_file(tiny_model_dir: Path, tmp_path: Pa
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"data.files: {data}:2: not JSON" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("variant", ["lora", "megatron"])
+def test_lora_and_megatron_sft_leave_a_full_model(variant: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The trainer's options apply to sft: a LoRA run's final directory is the merged model, a megatron run
+    checkpoints in its own format; either final directory loads as a plain HF model."""
+    if variant == "megatron":
+        pytest.importorskip("megatron.core", reason="needs the `megatron` extra")
+    data = tmp_path / "data.jsonl"
+    _write_data(data, n=16)
+    extra = ["--lora.rank", "4"] if variant == "lora" else ["--backend", "megatron"]
+    proc = _sft(_config(tmp_path, tiny_model_dir, data), tmp_path / "out", "--max-steps", "3", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out/final")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    changed = [n for n, p in model.state_dict().items() if not (p == base.state_dict()[n]).all()]
+    assert changed, "the final model equals the base model"
+    assert (tmp_path / "out/checkpoints/trainer/step_3/COMPLETE").exists()

@@ -4,7 +4,8 @@ orchestrator, and the NLL loss instead of the importance-ratio loss.
 Everything else is the trainer's: backend (fsdp or megatron, LoRA), checkpoints and resume (the data
 position is the step, `sft/batches.py`), weight publishing (`broadcasts/step_n`, so `eval` and a running
 engine can load any version), stall watch. At the end the last version is copied to `final_model_dir`, a
-model directory that `rl`, `eval` or another `sft` start from.
+full model directory that `rl`, `eval` or another `sft` start from (with LoRA: the adapter merged into the
+base model, as `export-lora` does).
 
 Invariants: each step's metrics keep the trainer's names where they mean the same (`loss/total` is the mean
 NLL per trained token, `entropy`, `optim/*`, `perf/*`, `time/*`); the importance-ratio metrics, which
@@ -83,7 +84,13 @@ class SFTTrainer(Trainer):
         target = self.sft_cfg.final_model_dir
         tmp = target.with_name(target.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("STABLE"))
+        if self.cfg.lora is not None:  # a full model directory all the same: the adapter merged in
+            from prime_async.config.export import ExportLoraConfig
+            from prime_async.trainer.export import run as export_lora
+
+            export_lora(ExportLoraConfig(adapter=source, output=tmp, base=self.cfg.model.path))
+        else:
+            shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("STABLE"))
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
         logger.info("sft: version %d copied to %s (load it as model.path)", self.step, target)
