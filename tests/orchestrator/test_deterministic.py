@@ -3,7 +3,8 @@ on the tiny model, compared bit for bit.
 
 - Two runs of `configs/tiny/rl.toml` (K = 1), started at the same time so that they compete for the
   CPU and their timings differ: the same rewards, losses and trainer metrics at every step and the
-  same bytes in the final published weights.
+  same bytes in the final published weights. Both distil from a teacher as well (the initial model,
+  added to the environment's advantage), so the teacher's scores are reproducible too.
 - `rl.toml` at K = 0 against its synchronous twin `configs/tiny/rl_sync.toml`, the latter also forced to
   run one group at a time: equal step for step.
 """
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
 # What a batch is made of (the orchestrator's other metrics are snapshots of queues at logging time).
 _BATCH = ("step", "reward/", "rollout/data_staleness/", "rollout/trained_", "rollout/truncated_fraction",
-          "rollout/version_span/", "rollout/queue_steps/", "ledger/trained")  # fmt: skip
+          "rollout/version_span/", "rollout/queue_steps/", "ledger/trained", "opd/")  # fmt: skip
 _TIMING = ("time", "perf/")  # the trainer's timings; everything else it logs must be equal
 
 
@@ -86,9 +87,11 @@ def assert_identical(a: Path, b: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_deterministic_runs_are_bit_identical(tiny_model_dir: Path, tmp_path: Path):
-    a, b = run_pair(tmp_path, tiny_model_dir, ("rl.toml",), ("rl.toml",))
+    teacher = ("--orchestrator.teacher.model", str(tiny_model_dir), "--orchestrator.teacher.env-weight", "1")
+    a, b = run_pair(tmp_path, tiny_model_dir, ("rl.toml", *teacher), ("rl.toml", *teacher))
     assert_identical(a, b)
     orch = _metrics(a, "orchestrator")
+    assert all("opd/reverse_kl" in m for m in orch) and len({m["opd/reverse_kl"] for m in orch}) > 1
     assert [m["rollout/data_staleness/max"] for m in orch] == [0, 1, 1, 1]  # really K = 1: batch n at v_{n-1}
     assert len({m["reward/mean"] for m in orch}) > 1  # a real run, not constant output
     trainer = _metrics(a, "trainer")

@@ -12,7 +12,7 @@ One run kills each component once with SIGKILL (inference, then trainer, then or
   `unused_handler = "retry"`: with the default "drop", prompts of errored/stale groups are skipped by
   design, and the count would differ by those;
 - afterwards every step exists in both metrics files and the ledger balanced at every step.
-CI runs it shortened (SOAK_STEPS, default 12; pause mode drawn from SOAK_SEED); `scripts/soak.sh` runs
+CI runs it shortened (SOAK_STEPS, default 16; pause mode drawn from SOAK_SEED); `scripts/soak.sh` runs
 50+ steps in every pause mode.
 """
 
@@ -46,7 +46,7 @@ def _log_time(line: str) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_kill_each_component_once(tiny_model_dir: Path, tmp_path: Path) -> None:
-    steps = int(os.environ.get("SOAK_STEPS", "24"))  # kills after 4, 9, 14 steps
+    steps = int(os.environ.get("SOAK_STEPS", "16"))  # kills after 3, 6, 9 steps
     seed = int(os.environ.get("SOAK_SEED", "0"))
     pause_mode = os.environ.get("SOAK_PAUSE_MODE") or random.Random(seed).choice(
         ["retract", "in_place", "drain"]

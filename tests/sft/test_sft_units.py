@@ -131,4 +131,6 @@ def test_config_refuses_what_sft_cannot_do(tmp_path: Path) -> None:
         SFTConfig(data=data, max_steps=2, router_replay=True)
     with pytest.raises(ValueError, match="'distributed' with sft"):
         SFTConfig(data=data, max_steps=2, weights={"transport": "distributed"})
+    with pytest.raises(ValueError, match="loss: sft has no sampler"):
+        SFTConfig(data=data, max_steps=2, loss={"type": "ppo_clip"})
     assert SFTConfig(data=data, max_steps=2, output_dir=tmp_path).final_model_dir == tmp_path / "final"

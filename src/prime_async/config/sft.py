@@ -3,8 +3,9 @@
 `SFTConfig` is a `TrainerConfig`, so backends (fsdp, megatron), LoRA, checkpoints, resume and weight
 publishing are the same keys with the same meaning; `[data]` says which chats are trained. No torch import.
 
-Invariants: exactly one data source (`data.files` or `data.env`); `router_replay`, which needs engine
-routes, is refused with one line naming it.
+Invariants: exactly one data source (`data.files` or `data.env`); keys that mean nothing without a
+sampler or an orchestrator (`loss`, `max_off_policy_steps`, `transport`, `router_replay`) are refused
+with one line naming them, never silently ignored.
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class SFTConfig(TrainerConfig):
 
     @model_validator(mode="after")
     def _check_sft(self) -> SFTConfig:
+        ignored = sorted({"loss", "max_off_policy_steps", "transport"} & self.model_fields_set)
+        if ignored:
+            raise ValueError(f"{', '.join(ignored)}: sft has no sampler and no orchestrator (its loss is the "
+                             "NLL of the data); remove these keys")  # fmt: skip
         if self.router_replay:
             raise ValueError("router_replay with sft: SFT data has no engine routing to replay; unset it")
         if self.weights.transport == "distributed":
