@@ -283,12 +283,19 @@ class HttpEngineClient:
 
     async def model_info(self) -> dict[str, Any]:
         """`GET /model_info`: model path, weight version, and (embedded engine) the run id."""
+        return await self._get("/model_info")
+
+    async def server_info(self) -> dict[str, Any]:
+        """`GET /get_server_info`: queue lengths and, from the embedded engine, `busy_s` / `uptime_s`."""
+        return await self._get("/get_server_info")
+
+    async def _get(self, route: str) -> dict[str, Any]:
         try:
-            resp = await self._http.get("/model_info", timeout=self._admin_timeout)
+            resp = await self._http.get(route, timeout=self._admin_timeout)
         except httpx.TransportError as e:
-            raise EngineUnavailable(f"{self.base_url}/model_info: {type(e).__name__}: {e}") from e
+            raise EngineUnavailable(f"{self.base_url}{route}: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
-            raise EngineError(resp.status_code, "/model_info", resp.text.strip())
+            raise EngineError(resp.status_code, route, resp.text.strip())
         return resp.json()
 
     async def weight_version(self) -> int:

@@ -145,6 +145,8 @@ class Engine:
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self.num_generated_tokens = 0
+        self.busy_s = 0.0  # engine-thread seconds in forward steps (`stats()`)
+        self._started_at = time.monotonic()
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -277,7 +279,11 @@ class Engine:
         return adapter
 
     def stats(self) -> dict[str, Any]:
+        """Queue lengths, tokens generated, and `busy_s`: seconds the engine thread spent in forward steps
+        (prefill or decode) since start; with `uptime_s`, the fraction of time the engine was busy."""
         return {
+            "busy_s": self.busy_s,
+            "uptime_s": time.monotonic() - self._started_at,
             "num_running_reqs": len(self._running),
             "num_waiting_reqs": len(self._waiting) + self._inbox.qsize(),
             "num_generated_tokens": self.num_generated_tokens,
@@ -305,10 +311,12 @@ class Engine:
                 if not (can_admit or can_decode):
                     self._wake.wait(timeout=1.0)
                     continue
+                t0 = time.monotonic()
                 if can_admit:
                     self._admit()
                 if self._running:
                     self._decode_step()
+                self.busy_s += time.monotonic() - t0
             except Exception as exc:  # tolerated: fail the affected requests, keep serving others
                 logger.exception("engine step failed; failing %d running requests", len(self._running))
                 for req in self._running:

@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.env_mix import EnvMix
+from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.teacher import TeacherScorer
@@ -68,6 +69,7 @@ class Dispatcher:
         fail_fast_groups: int = 2,
         schedule: DeterministicSchedule | None = None,
         teacher: TeacherScorer | None = None,
+        episode_log: EpisodeLog | None = None,
     ):
         self.envs = envs
         self.admission = admission
@@ -84,6 +86,7 @@ class Dispatcher:
         self._failed_early_groups = 0
         self.schedule = schedule
         self.teacher = teacher
+        self.episode_log = episode_log
 
     # -- main loop -------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -129,6 +132,8 @@ class Dispatcher:
         group.episodes = [ep for trajectories in results for ep in trajectories]
         group.finished_at = self.clock()
         self.groups.finish(group)
+        if self.episode_log is not None:
+            self.episode_log.write_group(group)
         early_failure = self._check_early_failures(group)
         try:
             self.sink.put(group)

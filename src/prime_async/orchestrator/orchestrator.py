@@ -45,7 +45,9 @@ from prime_async.orchestrator.batching import build_train_batch
 from prime_async.orchestrator.ckpt import latest_checkpoint, save_checkpoint
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.dispatcher import Dispatcher
+from prime_async.orchestrator.engine_load import EngineLoad
 from prime_async.orchestrator.env_mix import EnvMix, MixEnv
+from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.metrics import batch_metrics
 from prime_async.orchestrator.schedule import DeterministicSchedule
@@ -82,6 +84,7 @@ class Components:
     watcher: WeightWatcher
     start_step: int = 0
     teacher: TeacherScorer | None = None
+    engine_load: EngineLoad | None = None
 
 
 def build_env_mix(cfg: OrchestratorConfig, sources: Mapping[str, RolloutSource]) -> EnvMix:
@@ -108,6 +111,7 @@ def build_components(
     stalls: StallWatch | None = None,
     signal: UpdateSignal | None = None,
     teacher: TeacherScorer | None = None,
+    episode_log: EpisodeLog | None = None,
 ) -> Components:
     """Build every component from `cfg`; restore the data positions and the mix when `cfg.resume`.
 
@@ -153,6 +157,7 @@ def build_components(
         fail_fast_groups=cfg.fail_fast_groups,
         schedule=schedule,
         teacher=teacher,
+        episode_log=episode_log,
     )
     watcher = WeightWatcher(
         engines=engines,
@@ -169,7 +174,9 @@ def build_components(
         stalls=stalls,
         signal=signal,
     )
-    return Components(envs, groups, admission, dispatcher, sink, watcher, start_step, teacher)
+    return Components(
+        envs, groups, admission, dispatcher, sink, watcher, start_step, teacher, EngineLoad(engines)
+    )
 
 
 def _schedule(cfg: OrchestratorConfig, start_step: int) -> DeterministicSchedule | None:
@@ -266,6 +273,8 @@ async def run_loop(
             now = clock()
             metrics = _step_metrics(comps, groups, step, time_step=now - last, wait_data=wait_data)
             metrics.update(batch.metrics)  # batch/sample_tokens, batch/packed_tokens
+            if comps.engine_load is not None:
+                metrics.update(await comps.engine_load.window_metrics())
             last = now
             log_metrics(metrics, step)
         if evaluator is not None:
@@ -424,6 +433,8 @@ async def _run(cfg: OrchestratorConfig) -> None:
                 engines, cfg.run_id, model_path=str(cfg.model.path), broadcasts=cfg.output_dir / "broadcasts"
             )
             teacher = await _start_teacher(cfg, stack, stalls)
+            episode_log = EpisodeLog(cfg.output_dir)
+            stack.callback(episode_log.close)
             versions = await asyncio.gather(*(e.weight_version() for e in engines))
             served = min(versions)
             comps = build_components(
@@ -437,6 +448,7 @@ async def _run(cfg: OrchestratorConfig) -> None:
                 stalls=stalls,
                 signal=signal,
                 teacher=teacher,
+                episode_log=episode_log,
             )
             stalls.describe = functools.partial(stall_state, comps, sources, control)
             check_served_not_ahead(max(versions), comps.start_step)

@@ -296,8 +296,10 @@ class VerifiersRolloutSource:
             episodes = [episode]
         finally:
             self.gateway.close_session(session.key)
-            self.episode_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.episode_seconds += seconds
         for episode in episodes:
+            episode.metrics["episode_seconds"] = seconds
             self.counts[episode.status] = self.counts.get(episode.status, 0) + 1
             if kind := episode.metrics.get("env_error"):
                 self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1

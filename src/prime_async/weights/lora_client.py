@@ -123,6 +123,9 @@ class LoraEngineClient:
     async def model_info(self) -> dict[str, Any]:
         return await self.inner.model_info()
 
+    async def server_info(self) -> dict[str, Any]:
+        return await self.inner.server_info()
+
     async def health(self) -> bool:
         return await self.inner.health()
 

@@ -1,0 +1,42 @@
+"""`engine/busy_fraction`: how much of each step the training engines spent generating.
+
+Each step the orchestrator asks every engine's `/get_server_info`; the embedded engine reports `busy_s`
+(seconds its thread spent in prefill/decode steps since start) and `uptime_s`. The metric is the mean over
+engines of d(busy_s) / d(uptime_s) since the previous step. SGLang reports neither: the metric is then
+left out (never a made-up value). An engine that does not answer is skipped for that step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from prime_async.engine_api import EngineUnavailable
+from prime_async.inference.client import EngineError
+
+
+class EngineLoad:
+    def __init__(self, engines: Sequence[Any]):
+        self.engines = [e for e in engines if hasattr(e, "server_info")]
+        self._last: dict[str, tuple[float, float]] = {}
+
+    async def window_metrics(self, timeout_s: float = 2.0) -> dict[str, float]:
+        infos = await asyncio.gather(*(self._info(e, timeout_s) for e in self.engines))
+        fractions = []
+        for engine, info in zip(self.engines, infos, strict=True):
+            if not info or "busy_s" not in info or "uptime_s" not in info:
+                continue
+            now = (float(info["busy_s"]), float(info["uptime_s"]))
+            last = self._last.get(engine.base_url)
+            self._last[engine.base_url] = now
+            if last is not None and now[1] > last[1] and now[0] >= last[0]:  # a restarted engine starts over
+                fractions.append((now[0] - last[0]) / (now[1] - last[1]))
+        return {"engine/busy_fraction": sum(fractions) / len(fractions)} if fractions else {}
+
+    @staticmethod
+    async def _info(engine: Any, timeout_s: float) -> dict[str, Any] | None:
+        with contextlib.suppress(EngineUnavailable, EngineError, TimeoutError):  # skipped this step
+            return await asyncio.wait_for(engine.server_info(), timeout=timeout_s)
+        return None
