@@ -49,3 +49,16 @@ def test_a_missing_teacher_model_is_refused_in_one_line(tiny_model_dir: Path, tm
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"orchestrator.teacher.model: {tmp_path / 'nowhere'} has no config.json" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "run/logs").exists()
+
+
+def test_a_teacher_with_another_tokenizer_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model_dir, teacher)
+    (teacher / "tokenizer.json").write_text(
+        (teacher / "tokenizer.json").read_text().replace("<|im_end|>", "<|end|>")
+    )
+    proc = _rl(tmp_path / "run", tiny_model_dir, teacher, "--max-steps", "2")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "tokenizer differs from model.path" in proc.stderr and "Traceback" not in proc.stderr

@@ -123,6 +123,12 @@ def _check_teacher_model(cfg: RLConfig) -> None:
             f"orchestrator.teacher.model: {teacher.model} has no config.json (a model directory: e.g. "
             "the `final` directory of an `sft` run, or a published version broadcasts/step_<n> of a run)"
         )
+    vocab = [Path(d) / "tokenizer.json" for d in (teacher.model, cfg.model.path)]
+    if all(p.is_file() for p in vocab) and vocab[0].read_bytes() != vocab[1].read_bytes():
+        raise ValueError(
+            f"orchestrator.teacher.model: {teacher.model}'s tokenizer differs from model.path "
+            f"{cfg.model.path}'s: the teacher scores the student's token ids, so both need the same tokenizer"
+        )
 
 
 def _build_tiny(kind: str, path: Path) -> None:
