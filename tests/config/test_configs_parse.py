@@ -1,8 +1,8 @@
 """Every TOML under `configs/` parses into the config class its file name names.
 
 `rl*.toml` -> RLConfig, `inference*.toml` -> InferenceConfig, `orchestrator*.toml` -> OrchestratorConfig,
-`trainer*.toml` -> TrainerConfig, `eval*.toml` -> EvalConfig (the `eval` command). A file matching none
-of these fails the test, so a new config cannot slip in untested.
+`trainer*.toml` -> TrainerConfig, `eval*.toml` -> EvalConfig (the `eval` command), `sft*.toml` ->
+SFTConfig. A file matching none of these fails the test, so a new config cannot slip in untested.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from prime_async.config.loader import load_config
 from prime_async.config.megatron import megatron_installed
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.config.rl import RLConfig
+from prime_async.config.sft import SFTConfig
 from prime_async.config.trainer import TrainerConfig
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -27,6 +28,7 @@ CLASSES = {
     "orchestrator": OrchestratorConfig,
     "trainer": TrainerConfig,
     "eval": EvalConfig,
+    "sft": SFTConfig,
 }
 ALL_TOML = sorted(CONFIGS_DIR.rglob("*.toml"))
 

@@ -242,7 +242,6 @@ BAD_GENERATE = {
     "empty prompt in batch": {"input_ids": [[5], []]},
     "id out of vocab": {"input_ids": [5, 10**6]},
     "negative id": {"input_ids": [-1]},
-    "max_new_tokens 0": {"input_ids": [5], "sampling_params": {"max_new_tokens": 0}},
     "max_new_tokens < 0": {"input_ids": [5], "sampling_params": {"max_new_tokens": -3}},
     "too long": {"input_ids": [5], "sampling_params": {"max_new_tokens": 10**6}},
     "bad top_p": {"input_ids": [5], "sampling_params": {"top_p": 0.0}},
