@@ -10,19 +10,18 @@ import math
 import random
 
 _WORD_TEXT = (
-    "amber basin cedar delta ember fjord grove harbor inlet jasper kestrel lagoon meadow nectar orchid "
-    "pebble quartz raven summit thistle umber valley willow yarrow zephyr anchor beacon copper drift "
-    "falcon glacier hollow iris juniper lantern marble north opal prairie ridge sable timber vesper"
+    "the a of to and in is it you that was for on are with as be at one have this from or had by word but "
+    "what some can out other were all there when up use your how said each which do time will way about "
+    "many then write would like so long make thing see two has look more day could go come did number "
+    "sound people over know water call first who may down side now find text"
 )
 _WORDS = _WORD_TEXT.split()
 
 
 def make_corpus(size: int, seed: int) -> dict[str, str]:
-    """`size` records: id `R0000`.. -> a code of two corpus words and a number (e.g. "cedar lagoon 41")."""
+    """`size` records: id `R0000`.. -> a code of two to four common words (e.g. "water side know")."""
     rng = random.Random(f"corpus:{seed}")
-    return {
-        f"R{i:04d}": f"{rng.choice(_WORDS)} {rng.choice(_WORDS)} {rng.randint(10, 99)}" for i in range(size)
-    }
+    return {f"R{i:04d}": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 4))) for i in range(size)}
 
 
 def lookups_per_task(rng: random.Random, *, min_calls: int, max_calls: int, alpha: float) -> int:

@@ -12,11 +12,10 @@ from pydantic import Field, model_validator
 from lookup_agent.corpus import lookups_per_task, make_corpus
 from lookup_agent.tool import LookupTools
 
-SYSTEM_PROMPT = (
-    "You are a lookup agent. Each message shows a lookup tool's result for one record. "
-    "Reply with that record's code only, exactly as written."
-)
-TURN = 'lookup("{record}") returned: {result}\nReply with the code only.'
+SYSTEM_PROMPT = "Repeat the user's text exactly. Answer with the text only."
+"""The agent's instruction: each user turn holds the code a lookup tool returned."""
+TURN = 'Repeat this text: "{result}"'
+"""A turn: the tool's result (the record's code); the model's answer is scored against the code."""
 
 
 def similarity(answer: str, target: str) -> float:
@@ -121,6 +120,6 @@ class LookupEnv(vf.Env[LookupEnvConfig]):
             for call, record in enumerate(data.records):
                 result = await tools.call_tool("lookup", {"record": record, "task": data.id, "call": call})
                 text = "".join(getattr(part, "text", "") for part in result.content)
-                segment = await agent.turn(TURN.format(record=record, result=text))
+                segment = await agent.turn(TURN.format(result=text))
                 if segment.terminated:
                     break

@@ -16,7 +16,7 @@ from lookup_agent.corpus import call_latency
 
 
 class LookupTools:
-    """`lookup(record, task, call)`: waits the call's latency, returns the record's line of the corpus."""
+    """`lookup(record, task, call)`: waits the call's latency, returns the record's code."""
 
     def __init__(self, corpus: dict[str, str], *, seed: int, median_s: float, sigma: float, max_s: float):
         from mcp.server.mcpserver import MCPServer
@@ -27,11 +27,11 @@ class LookupTools:
         self.server.add_tool(self.lookup, name="lookup", description="Look up a record of the corpus by id.")
 
     async def lookup(self, record: str, task: str, call: int) -> str:
-        """The corpus line of `record` (after the call's latency)."""
+        """The code of `record` (after the call's latency); "not found" for an unknown id."""
         await asyncio.sleep(call_latency(self.seed, task, call, median_s=self.median_s, sigma=self.sigma,
                                          max_s=self.max_s))  # fmt: skip
         code = self.corpus.get(record)
-        return f"record {record}: code {code}" if code is not None else f"record {record}: not found"
+        return code if code is not None else "not found"
 
     @contextlib.asynccontextmanager
     async def client(self) -> AsyncIterator[Any]:
