@@ -39,7 +39,7 @@ class DemoConfig(BaseConfig):
     seq_len: int = Field(128, ge=8, description="Max tokens per sample.")
     max_off_policy_steps: int = Field(1, ge=0, description="K.")
     batch_groups: int = Field(4, ge=1, description="Groups per batch.")
-    max_buffered_groups: int | None = Field(None, ge=1, description="None = 2 * batch_groups.")
+    max_buffered_groups: int | None = Field(None, ge=1, description="None = (K + 1) * batch_groups.")
     mode: Literal["sync", "async"] = Field("async", description="Run mode.")
     tags: list[str] = Field(default_factory=list, description="Free tags.")
     env_args: dict[str, Any] = Field(default_factory=dict, description="Environment keyword arguments.")

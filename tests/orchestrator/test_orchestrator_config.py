@@ -19,7 +19,9 @@ def test_derived_defaults():
         batch_groups=8, group_size=4, inference={"base_urls": ["a", "b"], "max_running_requests": 64}
     )
     assert cfg.resolved_max_inflight_groups == 39  # ceil(64 * 2 * 1.2 / 4) = ceil(38.4)
-    assert cfg.resolved_max_buffered_groups == 16
+    assert cfg.resolved_max_buffered_groups == 72  # (K + 1) * batch_groups: the K + 1 batches that can ship
+    sync = OrchestratorConfig(batch_groups=8, max_off_policy_steps=0, inference={"base_urls": ["a"]})
+    assert sync.resolved_max_buffered_groups == 8  # one batch, no warning
     assert cfg.resolved_max_dropped_groups_per_step == 80
     assert cfg.max_off_policy_steps == 8
 

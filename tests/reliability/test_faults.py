@@ -125,24 +125,24 @@ def test_kill_each_component_once(tiny_model_dir: Path, tmp_path: Path) -> None:
 def test_trainer_killed_between_checkpoints_is_survived(
     backend: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Checkpoint interval 5, default transport settings, trainer SIGKILLed at a step that is not a
-    checkpoint step (after checkpoint 10 is complete): the run rolls back to step 10, the engines serve
-    version 10, and the run completes with every step trained and no negative staleness. The same for
+    """Checkpoint interval 4, default transport settings, trainer SIGKILLed at a step that is not a
+    checkpoint step (after checkpoint 4 is complete): the run rolls back to step 4, the engines serve
+    version 4, and the run completes with every step trained and no negative staleness. The same for
     both backends (megatron: sharded checkpoints on CPU ranks)."""
     if backend == "megatron":
         pytest.importorskip("megatron.core", reason="needs the `megatron` extra")
-    steps = 14
+    steps = 9
     run = SoakRun(
         out=tmp_path / "run", steps=steps, k=1, pause_mode="retract", max_buffered_groups=2,
-        kills=[Kill("trainer", 12, after="checkpoints/trainer/step_10/COMPLETE")],
+        kills=[Kill("trainer", 5, after="checkpoints/trainer/step_4/COMPLETE")],
     )  # fmt: skip
     run_rl(
         run, model_dir=tiny_model_dir, timeout_s=800, extra=["--trainer.backend", backend],
-        trainer_ckpt_interval=5, orchestrator_ckpt_interval=None,
+        trainer_ckpt_interval=4, orchestrator_ckpt_interval=None,
     )  # fmt: skip
     logs = {p.stem: p.read_text() for p in (run.out / "logs").glob("*.log")}
     assert run.returncode == 0, f"{run.stderr[-3000:]}\n{logs.get('trainer', '')[-2000:]}"
-    assert re.findall(r"rolls back to its checkpoint of step (\d+)", run.stderr) == ["10"], run.stderr[-3000:]
+    assert re.findall(r"rolls back to its checkpoint of step (\d+)", run.stderr) == ["4"], run.stderr[-3000:]
     print(assert_engines_serve_the_resume_step(run.stderr, logs["orchestrator"]))
     orch = read_jsonl(run.out / "metrics" / "orchestrator.jsonl")
     trainer = read_jsonl(run.out / "metrics" / "trainer.jsonl")

@@ -247,7 +247,11 @@ class OrchestratorConfig(BaseConfig):
         "group_size).",
     )
     max_buffered_groups: int | None = Field(
-        None, ge=1, description="In-flight plus finished-but-untrained groups. None = 2 * batch_groups."
+        None,
+        ge=1,
+        description="In-flight plus finished-but-untrained groups. None = (max_off_policy_steps + 1) * "
+        "batch_groups: the K + 1 batches that can still ship, no more (none ages past K), no fewer (async "
+        "runs keep generating while the tail of a batch is still out).",
     )
     submission_granularity: Literal["sample", "group"] = Field(
         "sample",
@@ -321,7 +325,9 @@ class OrchestratorConfig(BaseConfig):
 
     @property
     def resolved_max_buffered_groups(self) -> int:
-        return self.max_buffered_groups if self.max_buffered_groups is not None else 2 * self.batch_groups
+        if self.max_buffered_groups is not None:
+            return self.max_buffered_groups
+        return (self.max_off_policy_steps + 1) * self.batch_groups
 
     @property
     def resolved_max_dropped_groups_per_step(self) -> int:
@@ -348,7 +354,7 @@ class OrchestratorConfig(BaseConfig):
         if buffered < self.batch_groups:
             raise ValueError(
                 f"max_buffered_groups ({buffered}) < batch_groups ({self.batch_groups}): set "
-                f"max_buffered_groups >= batch_groups (default 2 * batch_groups)"
+                f"max_buffered_groups >= batch_groups (default (max_off_policy_steps + 1) * batch_groups)"
             )
         if self.weights.update_interval > self.max_off_policy_steps + 1:
             raise ValueError(
