@@ -6,9 +6,9 @@ Usage:
     uv run python scripts/bench_agentic.py --sglang              # engines on real SGLang (CPU)
     uv run python scripts/bench_agentic.py --report-only         # the tables again, from the last runs
 
-Each K runs `rl` to completion on the same config with `--orchestrator.max-off-policy-steps K` and the
-admission buffer of K + 1 batches (`max_buffered_groups = (K + 1) * batch_groups`: groups in flight plus
-finished-untrained; nothing ages past K). Printed:
+Each K runs `rl` to completion on the same config with `--orchestrator.max-off-policy-steps K` only (the
+admission buffer follows K by default: `max_buffered_groups = (K + 1) * batch_groups`, groups in flight
+plus finished-untrained, none ages past K; pass `--orchestrator.max-buffered-groups N` to pin it). Printed:
 
   episodes     the length distribution of every finished episode of every run (`metrics/episodes.jsonl`):
                turns, tokens (prompt + completion), wall seconds, at p50 / p90 / p99 / max
@@ -35,7 +35,6 @@ import json
 import math
 import statistics
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,20 +185,12 @@ def main() -> None:
     parser.add_argument("--sglang", action="store_true", help="engines on real SGLang (CPU)")
     parser.add_argument("--report-only", action="store_true", help="only the tables, from --out-dir's runs")
     args, extra = parser.parse_known_args()
-    batch_groups = tomllib.loads(args.config.read_text()).get("orchestrator", {}).get("batch_groups", 8)
     results = []
     for k in args.ks:
         run_dir = args.out_dir / f"k{k}"
         if not args.report_only:
-            flags = [
-                "--orchestrator.max-buffered-groups",
-                str((k + 1) * batch_groups),
-                "--wandb.name",
-                f"k{k}",
-            ]
-            run_rl(
-                args.config, run_dir, args.steps, k, [*flags, *(SGLANG_FLAGS if args.sglang else []), *extra]
-            )
+            flags = ["--wandb.name", f"k{k}", *(SGLANG_FLAGS if args.sglang else [])]
+            run_rl(args.config, run_dir, args.steps, k, [*flags, *extra])
         results.append(summarize(k, run_dir))
     print_episodes(results)
     print_table(results, args.window)
