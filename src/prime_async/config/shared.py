@@ -153,6 +153,13 @@ class WeightsConfig(BaseConfig):
     timeout_s: float = Field(
         600.0, gt=0, description="How long joining the weight process group or one transfer may take."
     )
+    join_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="How long trainer rank 0 waits for the engines to meet it in one weight-group join. "
+        "Shorter than `timeout_s`: a join the orchestrator gave up on (an engine died meanwhile) must not "
+        "hold the trainer's control thread past the orchestrator's next join request.",
+    )
 
     def resolved_control_port(self, transport: TransportConfig) -> int:
         return self.control_port if self.control_port is not None else transport.port + 1

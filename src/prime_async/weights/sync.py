@@ -168,7 +168,8 @@ class WeightSync:
                     msg.group_name, backend, msg.world_size, msg.master_address, msg.master_port)  # fmt: skip
         self._group = join_weight_group(
             backend=backend, master_address=msg.master_address, master_port=msg.master_port, rank=0,
-            world_size=msg.world_size, group_name=msg.group_name, timeout_s=self.cfg.weights.timeout_s,
+            world_size=msg.world_size, group_name=msg.group_name,
+            timeout_s=min(self.cfg.weights.join_timeout_s, self.cfg.weights.timeout_s),
         )  # fmt: skip
         self._group_backend = backend
 
