@@ -137,9 +137,8 @@ def _add_generation_routes(app: FastAPI, engine: Engine, run_id: str | None = No
         _check_prompts(engine, items)
         loras = req.loras(len(items))
         scored = [i for i, (_, sp, _, _) in enumerate(items) if sp.max_new_tokens == 0]
-        scores = await _score(
-            engine, [items[i] for i in scored], [req.logprob_starts(len(items))[i] for i in scored]
-        )
+        starts = req.logprob_starts(len(items))
+        scores = await _score(engine, [items[i] for i in scored], [starts[i] for i in scored])
         outs = await asyncio.gather(
             *(
                 engine.generate(
