@@ -46,9 +46,17 @@ component = Component(name="trainer", command=["bash", "-c", "setsid sleep 300 &
                       log_path=Path(sys.argv[1]))
 component.start()
 deadline = time.monotonic() + 10
-while not (workers := descendants(component.process.pid)) and time.monotonic() < deadline:
+def in_own_session(pids):
+    try:
+        return bool(pids) and all(os.getsid(w) == w for w in pids)
+    except ProcessLookupError:
+        return False
+# the worker is found as soon as bash forks it, before `setsid` has moved it out of the group
+while not in_own_session(workers := descendants(component.process.pid)) and time.monotonic() < deadline:
     time.sleep(0.05)
+assert in_own_session(workers), "the worker never reached a session of its own"
 os.kill(component.process.pid, signal.SIGKILL)  # torchrun's agent dies; its worker has its own session
+component.process.wait(timeout=10)  # SIGKILL lands asynchronously: until then the worker is still its child
 component.stop(timeout_s=2)
 assert all(alive(w) for w in workers), "stop() alone cannot reach a worker of another session"
 assert set(workers) <= set(children(os.getpid())), "the orphan is re-parented to the subreaper"
