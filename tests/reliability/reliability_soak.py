@@ -29,7 +29,8 @@ class Kill:
     at_step: int  # after this many orchestrator metric rows exist
     after: str | None = None  # ... and once this path (relative to the run's output dir) exists
     pid: int = 0
-    time: float = 0.0  # time.time() of the SIGKILL
+    time: float = 0.0  # time.time() of the signal
+    signum: int = signal.SIGKILL  # SIGTERM: a planned stop
 
 
 @dataclass
@@ -80,7 +81,7 @@ def _killer(run: SoakRun, stop: threading.Event) -> None:
             if rows >= kill.at_step and ready and pid is not None:
                 kill.pid, kill.time = pid, time.time()
                 logs = {name: _log_size(run.out, name) for name in ("orchestrator", "trainer")}
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, kill.signum)
                 break
             stop.wait(0.05)
         else:
@@ -116,10 +117,12 @@ def run_rl(
     extra: list[str] = (),
     trainer_ckpt_interval: int = 2,
     orchestrator_ckpt_interval: int | None = 1,
+    config: Path = ROOT / "configs/tiny/rl.toml",
 ) -> SoakRun:
-    """Run `rl` on the tiny config with restarts enabled and `run.kills` applied; fills returncode/stderr."""
+    """Run `rl` on `config` (the tiny one) with restarts enabled and `run.kills` applied; fills
+    returncode/stderr."""
     cmd = [
-        sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
+        sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(config),
         "--output-dir", str(run.out), "--model.path", str(model_dir),
         "--max-steps", str(run.steps), "--inference.server.port", str(free_port()),
         "--transport.port", str(free_port()), "--weights.pause-mode", run.pause_mode,

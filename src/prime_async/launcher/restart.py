@@ -3,7 +3,12 @@
     inference dies (any exit: it must outlive the run)
         -> model.path = output_dir/broadcasts/step_N (newest N with STABLE), weight_version = N
            (no broadcast yet: the original config, v0); the trainer's history is unchanged
-    trainer or orchestrator dies (non-zero)
+    orchestrator stopped as planned (exit 143 after a planned-stop checkpoint, `weights.transport =
+    "filesystem"`)
+        -> it alone restarts with resume = true: its checkpoint is the newest batch the trainer fetched,
+           with the work in flight carried over; the trainer waits for the next batch, the engines keep
+           their weights (no rollback, nothing generated or trained is lost)
+    trainer or orchestrator dies (non-zero, any other way)
         -> the run ROLLS BACK to the trainer's newest complete checkpoint c (0 without one):
            1. the other of the two is stopped too;
            2. orchestrator checkpoints of steps >= c are moved aside (`.ahead_step_n.json`), so the
@@ -72,6 +77,20 @@ def restart_overrides(cfg: RLConfig, name: str) -> dict[str, Any]:
     if name == "orchestrator":
         return {"resume": True}
     raise ValueError(f"{name} is not restartable")
+
+
+PLANNED_STOP_EXIT = 143
+
+
+def orchestrator_stopped_as_planned(cfg: RLConfig, returncode: int | None) -> bool:
+    """The orchestrator exited after a planned stop whose checkpoint the trainer can continue from
+    (module docstring). Distributed weights roll back: their handshake is not resumable mid-run."""
+    if returncode != PLANNED_STOP_EXIT or cfg.orchestrator.weights.transport != "filesystem":
+        return False
+    from prime_async.orchestrator.ckpt import latest_checkpoint
+
+    state = latest_checkpoint(Path(cfg.output_dir))
+    return bool(state and state.get("planned_stop"))
 
 
 def trainer_checkpoint_step(output_dir: Path) -> int | None:

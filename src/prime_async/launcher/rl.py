@@ -41,7 +41,13 @@ from prime_async.config.rl import ENGINE_SECTIONS, RLConfig
 from prime_async.launcher.identity import check_engine_identity, check_ports_free, resolve_run
 from prime_async.launcher.process import Component, tail_lines
 from prime_async.launcher.progress import ProgressView
-from prime_async.launcher.restart import RestartBudget, restart_overrides, roll_back, write_restart_config
+from prime_async.launcher.restart import (
+    RestartBudget,
+    orchestrator_stopped_as_planned,
+    restart_overrides,
+    roll_back,
+    write_restart_config,
+)
 from prime_async.utils.process_tree import become_subreaper, children, descendants, kill_tree
 
 logger = logging.getLogger(__name__)
@@ -232,7 +238,8 @@ def _supervise(cfg: RLConfig, components: dict[str, Component], output_dir: Path
     try:
         return _start_and_watch(cfg, components, output_dir, stop_signal)
     finally:
-        for component in components.values():
+        # the orchestrator first: its planned stop records the engines' partial output (`planned_stop.py`)
+        for component in sorted(components.values(), key=lambda c: c.name != "orchestrator"):
             component.stop(timeout_s=SHUTDOWN_TIMEOUT_S)
         leftovers = kill_tree(os.getpid(), timeout_s=SHUTDOWN_TIMEOUT_S, exclude=before)
         if leftovers:
@@ -297,6 +304,12 @@ def _try_restart(
     _end_orphans(components)
     if name == "inference":
         return _restart_inference(cfg, failed, output_dir, attempt, stop_signal)
+    if name == "orchestrator" and orchestrator_stopped_as_planned(cfg, failed.returncode()):
+        logger.warning("orchestrator stopped as planned: it restarts alone from its planned-stop checkpoint")
+        _set_restart_command(cfg, failed, output_dir, attempt, restart_overrides(cfg, "orchestrator"))
+        time.sleep(cfg.restart.backoff_s)
+        failed.start()
+        return True
     return _roll_back_and_restart(cfg, components, output_dir, attempt)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^step_(\d+)\.json$")
+_NAME = re.compile(r"^step_(-?\d+)\.json$")  # step -1: a planned stop before the first batch
 
 
 def checkpoint_dir(output_dir: Path) -> Path:

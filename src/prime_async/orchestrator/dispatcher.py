@@ -29,7 +29,9 @@ Invariants:
 - with a deterministic schedule (`schedule.py`), a group's id is its schedule slot and each episode
   samples with `sampling.seed = episode_seed(run seed, env, example, epoch, index in the group)`;
 - with a teacher (on-policy distillation), a group's episodes are scored (`teacher.py`) before the group
-  is finished, so batch cuts only ever see scored groups.
+  is finished, so batch cuts only ever see scored groups;
+- a resumed run's prompt with carried work (`carry.py`) is dispatched with the dispatch version it had:
+  its finished episodes are reused as they are and its unfinished ones replay their recorded calls.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import time
 from collections.abc import Callable
 
 from prime_async.orchestrator.admission import AdmissionController
+from prime_async.orchestrator.carry import Carry
 from prime_async.orchestrator.env_mix import EnvMix
 from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.groups import GroupTable
@@ -53,6 +56,12 @@ from prime_async.rollouts.seeds import episode_seed
 from prime_async.rollouts.types import Episode, PolicySpan
 
 logger = logging.getLogger(__name__)
+
+
+def episode_key(group: Group, index: int) -> str:
+    """The engine key (sticky routing, and how a running episode's recorded calls are found) of the
+    `index`-th episode of `group`."""
+    return f"g{group.group_id}-e{index}"
 
 
 class Dispatcher:
@@ -70,6 +79,7 @@ class Dispatcher:
         schedule: DeterministicSchedule | None = None,
         teacher: TeacherScorer | None = None,
         episode_log: EpisodeLog | None = None,
+        carry: Carry | None = None,
     ):
         self.envs = envs
         self.admission = admission
@@ -87,6 +97,7 @@ class Dispatcher:
         self.schedule = schedule
         self.teacher = teacher
         self.episode_log = episode_log
+        self.carry = carry
 
     # -- main loop -------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -103,13 +114,15 @@ class Dispatcher:
         env, example_id, epoch = self.envs.next_prompt()
         if self.schedule is not None:
             self._next_group_id = self.schedule.take_slot()
+        carried = self.carry.take(env.name, example_id, epoch) if self.carry is not None else None
         group = Group(
             group_id=self._next_group_id,
             example_id=example_id,
-            dispatch_version=self.admission.served_version,
+            dispatch_version=self.admission.served_version if carried is None else carried.dispatch_version,
             dispatched_at=self.clock(),
             epoch=epoch,
             env=env.name,
+            carried=carried,
         )
         self._next_group_id += 1
         task = asyncio.create_task(self._run_group(group), name=f"group-{group.group_id}")
@@ -167,14 +180,33 @@ class Dispatcher:
 
     async def _run_episode(self, group: Group, index: int) -> list[Episode]:
         """One episode of the group: its trajectories (one, or one per trained seat)."""
+        carried = group.carried
+        if carried is not None and index in carried.done:  # finished in an earlier lifetime
+            trajectories = carried.done[index]
+            if self.carry is not None:
+                self.carry.count_reused(trajectories)
+        else:
+            trajectories = await self._generate_episode(group, index)
+        group.finished_by_index[index] = trajectories
+        if self.groups.episode_done(group):
+            self._window["episodes"] += 1
+            self._window["completion_tokens"] += sum(ep.num_completion_tokens for ep in trajectories)
+            for ep in trajectories:
+                self.errors.record(ep)
+                self._check_prompt_fits(group, ep)
+        return trajectories
+
+    async def _generate_episode(self, group: Group, index: int) -> list[Episode]:
         env = self.envs.get(group.env)
         sampling = env.sampling
         if self.schedule is not None:
             seed = episode_seed(self.schedule.seed, group.env, group.example_id, group.epoch, index)
             sampling = dataclasses.replace(sampling, seed=seed)
+        replay = group.carried.calls.get(index) if group.carried is not None else None
         result = await env.source.run_episode(
-            example_id=group.example_id, engine_key=f"g{group.group_id}-e{index}", sampling=sampling
-        )
+            example_id=group.example_id, engine_key=episode_key(group, index), sampling=sampling,
+            **({"replay": replay} if replay else {}),
+        )  # fmt: skip
         trajectories = result if isinstance(result, list) else [result]
         if not trajectories:
             raise RuntimeError(f"rollout source returned no trajectory for example {group.example_id}")
@@ -184,12 +216,6 @@ class Dispatcher:
             sampled = [v for v, m in zip(ep.token_versions, ep.loss_mask, strict=False) if m and v >= 0]
             end = max(self.admission.served_version, group.dispatch_version, max(sampled, default=-1))
             ep.span = PolicySpan(group.dispatch_version, end)
-        if self.groups.episode_done(group):
-            self._window["episodes"] += 1
-            self._window["completion_tokens"] += sum(ep.num_completion_tokens for ep in trajectories)
-            for ep in trajectories:
-                self.errors.record(ep)
-                self._check_prompt_fits(group, ep)
         return trajectories
 
     def _check_prompt_fits(self, group: Group, ep: Episode) -> None:

@@ -19,6 +19,8 @@ dispatcher, the sink (`DeterministicSink`) and the watcher (version by version, 
 
 Construction order has no cycle: env mix -> group table -> admission, sink -> dispatcher -> watcher;
 every component that needs to know where a group is reads the one group table.
+A planned stop (SIGTERM / SIGINT once the loop runs) freezes generation and checkpoints everything
+generated, in flight included (`planned_stop.py`); a resume carries that work over (`carry.py`).
 Background tasks (dispatcher, weight watcher, in-run eval) are supervised: a failure of any ends the main
 loop with that exception; shutdown cancels them with a timeout. With an eval configured, the loop holds
 admission after the last batch (no new training group) and waits for the final version's eval
@@ -32,8 +34,9 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from signal import SIGINT, SIGTERM
 from typing import TYPE_CHECKING, Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
@@ -42,14 +45,16 @@ from prime_async.eval.in_run import InRunEval
 from prime_async.eval.setup import merged_sampling
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.batching import build_train_batch
+from prime_async.orchestrator.carry import Carry, snapshot
 from prime_async.orchestrator.ckpt import latest_checkpoint, save_checkpoint
 from prime_async.orchestrator.data_source import DataSource
-from prime_async.orchestrator.dispatcher import Dispatcher
+from prime_async.orchestrator.dispatcher import Dispatcher, episode_key
 from prime_async.orchestrator.engine_load import EngineLoad
 from prime_async.orchestrator.env_mix import EnvMix, MixEnv
 from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.metrics import batch_metrics
+from prime_async.orchestrator.planned_stop import EXIT_PLANNED_STOP, PlannedStop, stop_and_save
 from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.teacher import TeacherScorer
 from prime_async.orchestrator.train_sink import Sink, build_train_sink
@@ -85,6 +90,9 @@ class Components:
     start_step: int = 0
     teacher: TeacherScorer | None = None
     engine_load: EngineLoad | None = None
+    carry: Carry | None = None
+    undelivered: dict[int, list[Group]] = field(default_factory=dict)
+    """Groups of each batch cut in this lifetime that not every trainer rank has fetched yet."""
 
 
 def build_env_mix(cfg: OrchestratorConfig, sources: Mapping[str, RolloutSource]) -> EnvMix:
@@ -121,7 +129,10 @@ def build_components(
     if not isinstance(source, Mapping):
         source = {env.label: source for env in cfg.envs}
     envs = build_env_mix(cfg, source)
-    start_step = _restore(cfg, envs)
+    start_step, saved = _restore(cfg, envs)
+    carry = None
+    if saved.get("carry") and not cfg.deterministic:
+        carry = Carry(saved["carry"], served_version=served_version)
     groups = GroupTable(
         group_size=cfg.group_size,
         max_off_policy_steps=cfg.max_off_policy_steps,
@@ -158,6 +169,7 @@ def build_components(
         schedule=schedule,
         teacher=teacher,
         episode_log=episode_log,
+        carry=carry,
     )
     watcher = WeightWatcher(
         engines=engines,
@@ -175,7 +187,7 @@ def build_components(
         signal=signal,
     )
     return Components(
-        envs, groups, admission, dispatcher, sink, watcher, start_step, teacher, EngineLoad(engines)
+        envs, groups, admission, dispatcher, sink, watcher, start_step, teacher, EngineLoad(engines), carry
     )
 
 
@@ -192,22 +204,34 @@ def _schedule(cfg: OrchestratorConfig, start_step: int) -> DeterministicSchedule
     )
 
 
-def _restore(cfg: OrchestratorConfig, envs: EnvMix) -> int:
+def _restore(cfg: OrchestratorConfig, envs: EnvMix) -> tuple[int, dict[str, Any]]:
+    """The first step and the checkpoint resumed from ({} when none)."""
     if not cfg.resume:
-        return 0
+        return 0, {}
     state = latest_checkpoint(cfg.output_dir)
     if state is None:
         logger.warning("resume = true but no orchestrator checkpoint in %s: start at step 0", cfg.output_dir)
-        return 0
+        return 0, {}
     envs.load_state_dict(state)
-    logger.info("resumed from orchestrator checkpoint of step %d", state["step"])
-    return int(state["step"]) + 1
+    how = " (a planned stop)" if state.get("planned_stop") else ""
+    logger.info("resumed from orchestrator checkpoint of step %d%s", state["step"], how)
+    return int(state["step"]) + 1, state
 
 
-def checkpoint_state(comps: Components) -> dict[str, Any]:
-    """Every env's data position + its prompts issued but not trained (buffered first, then in flight),
-    and the mix schedule. No await."""
-    return comps.envs.state_dict(pending=comps.groups.pending_groups())
+def checkpoint_state(comps: Components, pending: list[Group] | None = None) -> dict[str, Any]:
+    """Every env's data position + its prompts issued but not trained (`pending`, default: buffered
+    first, then in flight), the mix schedule, and the pending groups' work (`carry.py`; none in
+    deterministic runs). No await."""
+    pending = comps.groups.pending_groups() if pending is None else pending
+    state = comps.envs.state_dict(pending=pending)
+    if comps.dispatcher.schedule is None:
+        state["carry"] = snapshot(pending, comps.groups.group_size, functools.partial(_recorded_calls, comps))
+    return state
+
+
+def _recorded_calls(comps: Components, group: Group, index: int) -> list[Any]:
+    recorded = getattr(comps.envs.get(group.env).source, "recorded_calls", None)
+    return recorded(episode_key(group, index)) if recorded is not None else []
 
 
 async def _supervised(aw: Awaitable[Any], background: list[asyncio.Task]) -> Any:
@@ -234,55 +258,100 @@ async def run_loop(
     clock: Callable[[], float] = time.monotonic,
     evaluator: InRunEval | None = None,
     stalls: StallWatch | None = None,
+    stop: asyncio.Event | None = None,
+    delivered: Callable[[], int | None] | None = None,
 ) -> None:
     """Produce batches `start_step .. max_steps-1`, then (with `evaluator`) wait for the final eval;
-    background tasks are supervised and stopped at exit; every wait is named to `stalls`."""
+    background tasks are supervised and stopped at exit; every wait is named to `stalls`. `stop` set:
+    a planned stop (`planned_stop.py`) saves the run and raises PlannedStop; `delivered()`: the newest
+    batch step every trainer rank fetched (None: sent is fetched)."""
     background = [
         asyncio.create_task(comps.dispatcher.run(), name="dispatcher"),
         asyncio.create_task(comps.watcher.run(), name="weight-watcher"),
     ]
     if evaluator is not None:
         background.append(asyncio.create_task(evaluator.run(), name="eval"))
+    if stop is not None:
+        background.append(asyncio.create_task(_planned_stop_when(stop), name="planned-stop"))
+    fetched = delivered or (lambda: max(comps.undelivered, default=None))
     try:
-        last = clock()
-        for step in range(comps.start_step, cfg.max_steps):
-            with waiting(stalls, f"the groups of batch {step}", peer=lambda: _batch_peer(cfg, comps)):
-                groups = await _supervised(comps.sink.get_batch(step), background)
-            wait_data = clock() - last
-            batch = build_train_batch(
-                groups,
-                step=step,
-                seq_len=cfg.seq_len,
-                num_ranks=cfg.num_train_ranks,
-                temperature=cfg.sampling.temperature,
-                advantage_cfg=cfg.advantage,
-                share_prefix=cfg.share_prompt_prefix,
-                teacher=cfg.teacher,
-            )
-            if on_step is not None:
-                on_step(step, groups)
-            # Checkpoint before the batch can reach the trainer: a death between the two must never leave
-            # a trainer checkpoint of step + 1 without the orchestrator's of `step` (the rollback would
-            # resume the orchestrator behind engines serving step + 1, and die again, until the restart
-            # budget is gone). The state is final here: the cut moved the batch's groups to trained.
-            if cfg.ckpt.interval is not None and (step + 1) % cfg.ckpt.interval == 0:
-                save_checkpoint(cfg.output_dir, step, checkpoint_state(comps))
-            with waiting(stalls, f"batch {step} to be fetched", peer="the trainer"):
-                await _supervised(send_batch(batch), background)
-            comps.groups.check()
-            now = clock()
-            metrics = _step_metrics(comps, groups, step, time_step=now - last, wait_data=wait_data)
-            metrics.update(batch.metrics)  # batch/sample_tokens, batch/packed_tokens
-            if comps.engine_load is not None:
-                metrics.update(await comps.engine_load.window_metrics())
-            last = now
-            log_metrics(metrics, step)
-        if evaluator is not None:
-            comps.admission.hold()  # nothing more will be trained: leave the engines to the final eval
-            with waiting(stalls, "the final version's eval", peer="the eval engines"):
-                await _supervised(evaluator.finish(cfg.eval.final_timeout_s), background)
+        try:
+            await _produce(cfg, comps, background, send_batch=send_batch, log_metrics=log_metrics,
+                           on_step=on_step, clock=clock, evaluator=evaluator, stalls=stalls,
+                           fetched=fetched)  # fmt: skip
+        except PlannedStop:
+            newest = fetched()
+            await stop_and_save(
+                cfg.output_dir, comps, delivered=max(-1 if newest is None else newest, comps.start_step - 1),
+                undelivered=comps.undelivered, watcher_task=background[1], state=checkpoint_state,
+            )  # fmt: skip
+            raise
     finally:
         await _shutdown(comps, background)
+
+
+async def _planned_stop_when(stop: asyncio.Event) -> None:
+    await stop.wait()
+    raise PlannedStop("the orchestrator was asked to stop")
+
+
+async def _produce(
+    cfg: OrchestratorConfig,
+    comps: Components,
+    background: list[asyncio.Task],
+    *,
+    send_batch: Callable[[TrainBatch], Awaitable[None]],
+    log_metrics: Callable[[dict[str, float], int], None],
+    on_step: Callable[[int, list[Group]], None] | None,
+    clock: Callable[[], float],
+    evaluator: InRunEval | None,
+    stalls: StallWatch | None,
+    fetched: Callable[[], int | None],
+) -> None:
+    last = clock()
+    for step in range(comps.start_step, cfg.max_steps):
+        with waiting(stalls, f"the groups of batch {step}", peer=lambda: _batch_peer(cfg, comps)):
+            groups = await _supervised(comps.sink.get_batch(step), background)
+        wait_data = clock() - last
+        batch = build_train_batch(
+            groups,
+            step=step,
+            seq_len=cfg.seq_len,
+            num_ranks=cfg.num_train_ranks,
+            temperature=cfg.sampling.temperature,
+            advantage_cfg=cfg.advantage,
+            share_prefix=cfg.share_prompt_prefix,
+            teacher=cfg.teacher,
+        )
+        comps.undelivered[step] = groups  # until the trainer fetched it: a planned stop carries them
+        if on_step is not None:
+            on_step(step, groups)
+        # Checkpoint before the batch can reach the trainer: a death between the two must never leave
+        # a trainer checkpoint of step + 1 without the orchestrator's of `step` (the rollback would
+        # resume the orchestrator behind engines serving step + 1, and die again, until the restart
+        # budget is gone). The state is final here: the cut moved the batch's groups to trained.
+        if cfg.ckpt.interval is not None and (step + 1) % cfg.ckpt.interval == 0:
+            save_checkpoint(cfg.output_dir, step, checkpoint_state(comps))
+        with waiting(stalls, f"batch {step} to be fetched", peer="the trainer"):
+            await _supervised(send_batch(batch), background)
+        _forget_fetched(comps, fetched())
+        comps.groups.check()
+        now = clock()
+        metrics = _step_metrics(comps, groups, step, time_step=now - last, wait_data=wait_data)
+        metrics.update(batch.metrics)  # batch/sample_tokens, batch/packed_tokens
+        if comps.engine_load is not None:
+            metrics.update(await comps.engine_load.window_metrics())
+        last = now
+        log_metrics(metrics, step)
+    if evaluator is not None:
+        comps.admission.hold()  # nothing more will be trained: leave the engines to the final eval
+        with waiting(stalls, "the final version's eval", peer="the eval engines"):
+            await _supervised(evaluator.finish(cfg.eval.final_timeout_s), background)
+
+
+def _forget_fetched(comps: Components, newest_fetched: int | None) -> None:
+    for step in [s for s in comps.undelivered if newest_fetched is not None and s <= newest_fetched]:
+        del comps.undelivered[step]
 
 
 def _batch_peer(cfg: OrchestratorConfig, comps: Components) -> str:
@@ -338,6 +407,8 @@ def _step_metrics(
     metrics.update(comps.watcher.window_metrics())
     if comps.teacher is not None:
         metrics.update(comps.teacher.window_metrics())
+    if comps.carry is not None:
+        metrics.update(comps.carry.metrics())
     metrics["time/step"] = time_step
     metrics["time/wait_data"] = wait_data
     return metrics
@@ -385,8 +456,13 @@ def _console_line(step: int, m: dict[str, float]) -> str:
 
 
 def run(cfg: OrchestratorConfig) -> None:
-    """Production entry: HTTP engines, verifiers rollout source, ZMQ batch sender, Monitor."""
-    asyncio.run(_run(cfg))
+    """Production entry: HTTP engines, verifiers rollout source, ZMQ batch sender, Monitor. A planned
+    stop (SIGTERM/SIGINT while the loop runs) exits with EXIT_PLANNED_STOP after saving the run."""
+    try:
+        asyncio.run(_run(cfg))
+    except PlannedStop:
+        logger.warning("orchestrator stopped as asked; resume = true continues with the work saved")
+        raise SystemExit(EXIT_PLANNED_STOP) from None
 
 
 async def _run(cfg: OrchestratorConfig) -> None:
@@ -456,8 +532,10 @@ async def _run(cfg: OrchestratorConfig) -> None:
             evaluator = await wiring.start_in_run_eval(
                 cfg, comps.watcher, engines=engines, monitor=monitor, stack=stack
             )
-            await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics, evaluator=evaluator,
-                           stalls=stalls)  # fmt: skip
+            with _stop_on_signals() as stop:
+                await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics,
+                               evaluator=evaluator, stalls=stalls, stop=stop,
+                               delivered=sender.delivered_step)  # fmt: skip
         with stalls.waiting("the final batch to be fetched", peer="the trainer"):
             await _drain_last_batch(sender, cfg)
     finally:
@@ -466,6 +544,19 @@ async def _run(cfg: OrchestratorConfig) -> None:
         sender.close()
         monitor.close()
         await asyncio.gather(*(e.aclose() for e in engines), return_exceptions=True)
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[asyncio.Event]:
+    """An event set by SIGTERM or SIGINT while the main loop runs (before it, they end the process)."""
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+    for signum in (SIGTERM, SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        yield stop
+    finally:
+        for signum in (SIGTERM, SIGINT):
+            loop.remove_signal_handler(signum)
 
 
 async def _drain_last_batch(sender: BatchSender, cfg: OrchestratorConfig) -> None:

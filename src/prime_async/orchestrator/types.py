@@ -12,7 +12,7 @@ Invariants (enforced by the components that build them, stated here so all agree
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from prime_async.rollouts.types import Episode
 
@@ -32,6 +32,10 @@ class Group:
     epoch: int = 0
     env: str = "default"
     """Name of the training environment the prompt came from (`orchestrator.envs[].name`)."""
+    finished_by_index: dict[int, list[Episode]] = field(default_factory=dict)
+    """The trajectories of each finished episode (index in the group), also while the group runs."""
+    carried: CarriedGroup | None = None
+    """Work an earlier lifetime of the orchestrator did on this group (`carry.py`), when resumed."""
 
     @property
     def rewards(self) -> list[float]:
@@ -43,3 +47,23 @@ class Group:
         for i, ep in enumerate(self.episodes):
             out.setdefault(ep.seat, []).append(i)
         return out
+
+
+@dataclass
+class CarriedGroup:
+    """A group issued but not trained when the orchestrator stopped (or checkpointed), with the work it
+    had: every finished episode's trajectories and every unfinished episode's recorded engine calls
+    (`rollouts/gateway.GatewayCall`, the last one possibly partial). `dispatch_version` is the group's
+    original stamp: a resumed group keeps it, so the staleness rule sees its true age."""
+
+    env: str
+    example_id: int
+    epoch: int
+    dispatch_version: int
+    done: dict[int, list[Episode]] = field(default_factory=dict)
+    calls: dict[int, list[Any]] = field(default_factory=dict)
+
+    def sampled_tokens(self) -> int:
+        """Sampled (trainable) tokens this work holds."""
+        done = sum(ep.num_completion_tokens for eps in self.done.values() for ep in eps)
+        return done + sum(len(c.output_ids) for calls in self.calls.values() for c in calls)

@@ -18,6 +18,12 @@ Invariants:
 - a session whose sampling has a `seed` sends its k-th call (k = 0, 1, ... in issue order) with
   `sampling_seed = call_seed(seed, k)`, overriding any seed of the request (deterministic runs);
 - a cancelled session's in-flight requests are aborted on its engine and later calls are refused (409);
+- a session opened with `replay` (calls recorded in an earlier lifetime, `rollouts/replay.py`) answers a
+  request whose prompt ids equal a recorded call's from that record, and continues a recorded partial
+  call on the engine; the call recorded on the session is always the whole one (kept + new tokens);
+- `freeze()` (a planned stop): no call is forwarded any more, in-flight engine requests are aborted and
+  their partial output recorded, and no answer reaches the environment after that (the env must not
+  move on: the recorded calls are what the next lifetime replays);
 - session keys are recycled, oldest first, only once more than `KEY_QUARANTINE` keys are free: verifiers'
   renderers client caches one entry per (endpoint, model), so fresh keys per episode would grow that cache
   forever, while a key is reused only long after its episode ended (a straggler request of a closed
@@ -28,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -41,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from prime_async.engine_api import EngineClient, EngineUnavailable, GenerateResult, SamplingParams
+from prime_async.rollouts import replay as replays
 from prime_async.rollouts.seeds import call_seed
 from prime_async.weights.request_gate import RequestGate
 
@@ -86,6 +95,8 @@ class GatewaySession:
     cancelled: bool = False
     num_errors: int = 0
     num_issued: int = 0
+    engine_key: str = ""
+    replay: list[GatewayCall] = field(default_factory=list)
 
 
 def to_sglang_sampling(params: dict[str, Any]) -> dict[str, Any]:
@@ -162,6 +173,10 @@ class Gateway:
         # The run's one gate in front of these engines (weights/request_gate.py): closed by the weight
         # watcher between an in_place update and the cache flush; engine outages are reported to it.
         self.gate = gate if gate is not None else RequestGate()
+        self.replay_stats = replays.ReplayStats()
+        self._frozen = asyncio.Event()
+        self._released = asyncio.Event()
+        self._at_engine: set[str] = set()  # rids sent to an engine and not answered yet
 
     @property
     def base_url(self) -> str:
@@ -178,10 +193,19 @@ class Gateway:
             return int(engine_key)
         return zlib.crc32(engine_key.encode()) % len(self.engines)
 
-    def open_session(self, *, engine_key: str, sampling: SamplingParams | None = None) -> GatewaySession:
+    def open_session(
+        self,
+        *,
+        engine_key: str,
+        sampling: SamplingParams | None = None,
+        replay: list[GatewayCall] | None = None,
+    ) -> GatewaySession:
         recycle = len(self._free_keys) > KEY_QUARANTINE
         key = self._free_keys.popleft() if recycle else f"ep-{next(self._keys)}"
-        session = GatewaySession(key=key, engine_index=self.engine_for(engine_key), sampling=sampling)
+        session = GatewaySession(
+            key=key, engine_index=self.engine_for(engine_key), sampling=sampling, engine_key=engine_key,
+            replay=list(replay or ()),
+        )  # fmt: skip
         self.sessions[key] = session
         return session
 
@@ -231,19 +255,56 @@ class Gateway:
             empty = GenerateResult(rid, [], [], [], "length", len(prompt_ids), -1)
             return vllm_response(empty, rid)
         sampling["max_new_tokens"] = max_new
-        result = await self._call_engine(session, prompt_ids, sampling, rid)
+        if session.replay:
+            result = await self._replay(session, prompt_ids, sampling, rid)
+        else:
+            result = await self._call_engine(session, prompt_ids, sampling, rid)
+        if self._frozen.is_set():  # recorded for the next lifetime; the environment must not move on
+            await self._stopped()
         return vllm_response(result, rid)
 
-    async def _call_engine(
+    async def _replay(
         self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str
     ) -> GenerateResult:
+        """Answer from the session's record (module docstring), or call the engine when there is none."""
+        stats, call = self.replay_stats, replays.take_recorded(session.replay, prompt_ids)
+        if call is None:
+            stats.misses += 1
+            logger.info("episode %s: no recorded call of this prompt: generated afresh", session.engine_key)
+            return await self._call_engine(session, prompt_ids, sampling, rid)
+        if not replays.is_partial(call):
+            stats.count_replayed(len(call.output_ids))
+            session.calls.append(call)
+            return replays.recorded_result(call, rid)
+        kept = len(call.output_ids)
+        sampling["max_new_tokens"] -= kept
+        stats.count_continued(kept)
+        if sampling["max_new_tokens"] <= 0:  # the budget was used up exactly when it was cut
+            done = dataclasses.replace(call, finish_type="length")
+            session.calls.append(done)
+            return replays.recorded_result(done, rid)
+        more = await self._call_engine(session, [*prompt_ids, *call.output_ids], sampling, rid, record=False)
+        result = replays.continued_result(call, more)
+        self._record(session, prompt_ids, result)
+        return result
+
+    async def _call_engine(
+        self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str,
+        *, record: bool = True,
+    ) -> GenerateResult:  # fmt: skip
         engine = self.engines[session.engine_index]
         session.inflight.add(rid)
         try:
             async with self.gate.request():
                 if session.cancelled:  # cancelled while held at the gate
                     raise GatewayError(409, f"episode {session.key} was cancelled")
-                result = await engine.generate(prompt_ids, sampling, rid=rid)
+                if self._frozen.is_set():
+                    await self._stopped()  # a planned stop: nothing new reaches an engine
+                self._at_engine.add(rid)
+                try:
+                    result = await engine.generate(prompt_ids, sampling, rid=rid)
+                finally:
+                    self._at_engine.discard(rid)
         except GatewayError:
             raise
         except Exception as e:
@@ -258,6 +319,11 @@ class Gateway:
         if len(result.output_logprobs) != len(result.output_ids) or bad:
             session.num_errors += 1
             raise GatewayError(502, f"engine {engine.base_url} returned misaligned or non-finite logprobs")
+        if record:
+            self._record(session, prompt_ids, result)
+        return result
+
+    def _record(self, session: GatewaySession, prompt_ids: list[int], result: GenerateResult) -> None:
         if result.finish_type == "abort":
             session.aborted = True
         if result.finish_type == "length" and len(prompt_ids) + len(result.output_ids) >= self.seq_len:
@@ -274,7 +340,30 @@ class Gateway:
                 routed_experts=result.routed_experts,
             )
         )
-        return result
+
+    async def _stopped(self) -> None:
+        """Hold a call of a frozen gateway until `release()`, then refuse it (503)."""
+        await self._released.wait()
+        raise GatewayError(503, "the orchestrator is stopping (planned stop): its work was saved")
+
+    def release(self) -> None:
+        """After a planned stop's checkpoint: the held calls are refused, so the episodes end."""
+        self._released.set()
+
+    async def freeze(self, timeout_s: float) -> None:
+        """A planned stop: abort every in-flight engine request and wait (at most `timeout_s`) until each
+        has its partial output recorded; from now on no call reaches an engine or answers the env."""
+        self._frozen.set()
+        for session in list(self.sessions.values()):
+            engine = self.engines[session.engine_index]
+            for rid in list(session.inflight):
+                with contextlib.suppress(Exception):  # the request may have finished, the engine be gone
+                    await engine.abort_request(rid)
+        deadline = time.monotonic() + timeout_s
+        while self._at_engine and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if left := len(self._at_engine):
+            logger.warning("planned stop: %d engine requests did not return their partial output", left)
 
     def pending_by_engine(self) -> dict[str, int]:
         """Engine requests of this gateway's episodes that have not answered yet, per engine URL."""

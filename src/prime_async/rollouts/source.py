@@ -40,7 +40,7 @@ from prime_async.config.dicts import deep_merge
 from prime_async.config.env import EnvBaseConfig
 from prime_async.engine_api import EngineClient, SamplingParams
 from prime_async.rollouts import inprocess_harness, inprocess_tools, prompt_limit
-from prime_async.rollouts.gateway import Gateway
+from prime_async.rollouts.gateway import Gateway, GatewayCall
 from prime_async.rollouts.renderer_choice import check_tools_renderer, choose_renderer
 from prime_async.rollouts.tasks import LazyTasks
 from prime_async.rollouts.types import Episode
@@ -254,18 +254,27 @@ class VerifiersRolloutSource:
             error = None if self._serving.cancelled() else self._serving.exception()
             raise RuntimeError(f"verifiers serving stopped: {error!r}")
 
+    def recorded_calls(self, engine_key: str) -> list[GatewayCall]:
+        """The engine calls recorded so far by the running episode `engine_key` (none: not running)."""
+        for session in self.gateway.sessions.values():
+            if session.engine_key == engine_key:
+                return list(session.calls)
+        return []
+
     async def run_episode(
-        self, *, example_id: int, engine_key: str, sampling: SamplingParams
-    ) -> Episode | list[Episode]:
+        self, *, example_id: int, engine_key: str, sampling: SamplingParams,
+        replay: list[GatewayCall] | None = None,
+    ) -> Episode | list[Episode]:  # fmt: skip
         """One episode of example `example_id`: its `Episode`, or for a multi-agent env one per
-        trained seat trace (a list, as the `RolloutSource` protocol allows)."""
+        trained seat trace (a list, as the `RolloutSource` protocol allows). `replay`: the calls an
+        earlier lifetime recorded for it (`rollouts/replay.py`)."""
         import verifiers.v1 as vf
 
         from prime_async.rollouts.episode import build_episodes
 
         self._check_serving()
         task = self._tasks[example_id]  # IndexError: a bug of the caller (ids come from the DataSource)
-        session = self.gateway.open_session(engine_key=engine_key, sampling=sampling)
+        session = self.gateway.open_session(engine_key=engine_key, sampling=sampling, replay=replay)
         if self._env_server is None:  # the train client runs here: spare it the GET /v1/models
             prompt_limit.record(self._client_cfg.base_url, session.key, self.seq_len)
         ctx = vf.ModelContext(
@@ -310,6 +319,7 @@ class VerifiersRolloutSource:
         out: dict[str, float] = {f"env/episodes/{k}": float(v) for k, v in self.counts.items()}
         out.update({f"env/errors/{k}": float(v) for k, v in self.error_kinds.items()})
         out["env/gateway_requests"] = float(self.gateway.num_requests)
+        out.update(self.gateway.replay_stats.metrics())
         return out
 
 

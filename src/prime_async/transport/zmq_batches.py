@@ -162,6 +162,13 @@ class BatchSender:
         with self._lock:
             return self._last_step
 
+    def delivered_step(self) -> int | None:
+        """Newest step whose slice every rank was sent (None before that happened in this lifetime)."""
+        with self._lock:
+            if len(self._delivered) < self.num_ranks:
+                return None
+            return min(self._delivered.values())
+
     def wait_delivered(self, step: int, timeout: float) -> bool:
         """Block until every rank was sent its slice of batch `step` (False on timeout).
 
@@ -245,9 +252,11 @@ class BatchSender:
             self._reply(identity, [encode_message(ErrorReply(step=-1, message=str(exc)))])
             return
         with self._lock:
-            if msg.rank in self._next_needed and msg.step <= self._next_needed[msg.rank]:
+            if msg.rank in self._next_needed and msg.step < self._next_needed[msg.rank]:
                 logger.warning("trainer rank %d re-asked for step %d (restart?)", msg.rank, msg.step)
             self._next_needed[msg.rank] = msg.step
+            for other in [i for i, r in self._pending.items() if r.rank == msg.rank]:
+                del self._pending[other]  # the rank asked again from a fresh socket: answer that one
             self._pending[identity] = msg
             if len(self._next_needed) == self.num_ranks:
                 self._all_ready.set()
@@ -280,6 +289,9 @@ class BatchSender:
             logger.warning("trainer peer %r went away before its batch was sent", identity)
 
 
+ASK_AGAIN_S = 5.0
+
+
 class BatchReceiver:
     """Trainer rank side: DEALER with a fresh identity per process; `receive(step)` asks and waits."""
 
@@ -287,18 +299,33 @@ class BatchReceiver:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self._sock = zmq.Context.instance().socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.IDENTITY, f"rank{rank}-{uuid.uuid4().hex[:12]}".encode())
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(f"tcp://{cfg.host}:{cfg.port}")
+        self._sock = self._connect()
+
+    def _connect(self) -> zmq.Socket:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"rank{self.rank}-{uuid.uuid4().hex[:12]}".encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://{self.cfg.host}:{self.cfg.port}")
+        return sock
 
     def receive(self, step: int, timeout: float | None = None) -> RankBatch:
-        """Request batch `step` and return this rank's slice; errors are raised, never skipped."""
+        """Request batch `step` and return this rank's slice; errors are raised, never skipped.
+
+        Every `ASK_AGAIN_S` without an answer the request is sent again from a fresh socket: a request
+        that reached an orchestrator which then stopped (a planned stop, restarted alone by `rl`) died
+        with it, and a fresh identity can never receive a late answer meant for the old one."""
         req = Request(step=step, rank=self.rank, world_size=self.world_size)
-        self._sock.send(encode_message(req))
         timeout_s = self.cfg.timeout_s if timeout is None else timeout
-        if not self._sock.poll(timeout=int(timeout_s * 1000)):
-            raise TimeoutError(f"rank {self.rank}: no batch for step {step} within {timeout_s:.0f}s")
+        deadline = time.monotonic() + timeout_s
+        self._sock.send(encode_message(req))
+        while not self._sock.poll(
+            timeout=int(1000 * max(0.0, min(ASK_AGAIN_S, deadline - time.monotonic())))
+        ):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"rank {self.rank}: no batch for step {step} within {timeout_s:.0f}s")
+            self._sock.close(linger=0)
+            self._sock = self._connect()
+            self._sock.send(encode_message(req))
         frames = [f.buffer for f in self._sock.recv_multipart(copy=False)]
         first = decode_message(frames[0])
         if isinstance(first, ErrorReply):

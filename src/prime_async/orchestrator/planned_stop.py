@@ -1,0 +1,88 @@
+"""A planned stop of the orchestrator (SIGTERM / Ctrl-C): save everything generated, then exit 143.
+
+    signal ──► admission held, weight watcher stopped (engines told to continue: none is left paused)
+           ──► every gateway frozen: in-flight engine requests aborted, their partial output recorded
+           ──► checkpoint of step d = the newest batch every trainer rank has fetched, whose pending groups
+               are the batches cut after d (not fetched: the trainer never saw them), the buffered groups
+               and the groups in flight, each with its carried work (`carry.py`); checkpoints of steps
+               after d are moved aside (`.undelivered_step_<n>.json`)
+           ──► PlannedStop: the process exits with EXIT_PLANNED_STOP (143, as for SIGTERM)
+
+Why the step is the newest *fetched* batch: the trainer asks for batch d + 1 next, and the resumed
+orchestrator's first batch is d + 1, so `rl` restarts the orchestrator alone (no rollback,
+`launcher/restart.py`) and the trainer goes on. A batch the sender cached but no rank fetched is made
+again from its groups, which are carried whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prime_async.orchestrator.ckpt import checkpoint_dir, save_checkpoint
+from prime_async.orchestrator.types import Group
+
+if TYPE_CHECKING:
+    from prime_async.orchestrator.orchestrator import Components
+
+logger = logging.getLogger(__name__)
+
+EXIT_PLANNED_STOP = 143
+FREEZE_TIMEOUT_S = 5.0
+
+
+class PlannedStop(Exception):
+    """The orchestrator was asked to stop (signal) and saved its state: exit with EXIT_PLANNED_STOP."""
+
+
+async def stop_and_save(
+    output_dir: Path,
+    comps: Components,
+    *,
+    delivered: int,
+    undelivered: dict[int, list[Group]],
+    watcher_task: asyncio.Task | None,
+    state: Callable[[Components, list[Group]], dict[str, Any]],
+) -> Path:
+    """Freeze generation and write the planned-stop checkpoint (module docstring); returns its path.
+    `delivered`: newest batch step every trainer rank fetched (start_step - 1 when none in this
+    lifetime); `undelivered`: the groups of each batch cut after it."""
+    comps.admission.hold()
+    if watcher_task is not None:
+        watcher_task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(watcher_task, timeout=FREEZE_TIMEOUT_S)
+    engines = comps.watcher.engines
+    await asyncio.gather(*(e.continue_generation() for e in engines), return_exceptions=True)
+    gateways = [g for env in comps.envs.envs.values() if (g := getattr(env.source, "gateway", None))]
+    await asyncio.gather(*(g.freeze(FREEZE_TIMEOUT_S) for g in gateways))
+    cut_after = [g for step in sorted(undelivered) if step > delivered for g in undelivered[step]]
+    pending = cut_after + comps.groups.pending_groups()
+    _move_aside_after(output_dir, delivered)
+    path = save_checkpoint(output_dir, delivered, {**state(comps, pending), "planned_stop": True})
+    for gateway in gateways:
+        gateway.release()
+    carried = sum(len(g.finished_by_index) for g in pending)
+    logger.warning(
+        "planned stop: checkpoint of step %d with %d pending groups (%d batches not fetched, %d finished "
+        "episodes and the calls of the running ones carried over)",
+        delivered, len(pending), len([s for s in undelivered if s > delivered]), carried,
+    )  # fmt: skip
+    return path
+
+
+def _move_aside_after(output_dir: Path, step: int) -> None:
+    """Checkpoints of batches the trainer never fetched would resume past them: move them aside."""
+    root = checkpoint_dir(output_dir)
+    if not root.is_dir():
+        return
+    for name in os.listdir(root):
+        if name.startswith("step_") and name.endswith(".json"):
+            with contextlib.suppress(ValueError):
+                if int(name[len("step_") : -len(".json")]) > step:
+                    os.replace(root / name, root / f".undelivered_{name}")
