@@ -47,6 +47,7 @@ from prime_async.orchestrator.carry import Carry
 from prime_async.orchestrator.env_mix import EnvMix
 from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.groups import GroupTable
+from prime_async.orchestrator.length_bias import LengthBias
 from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.teacher import TeacherScorer
 from prime_async.orchestrator.train_sink import Sink
@@ -80,6 +81,7 @@ class Dispatcher:
         teacher: TeacherScorer | None = None,
         episode_log: EpisodeLog | None = None,
         carry: Carry | None = None,
+        length_bias: LengthBias | None = None,
     ):
         self.envs = envs
         self.admission = admission
@@ -98,6 +100,7 @@ class Dispatcher:
         self.teacher = teacher
         self.episode_log = episode_log
         self.carry = carry
+        self.length_bias = length_bias
 
     # -- main loop -------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -145,6 +148,8 @@ class Dispatcher:
         group.episodes = [ep for trajectories in results for ep in trajectories]
         group.finished_at = self.clock()
         self.groups.finish(group)
+        if self.length_bias is not None:
+            self.length_bias.finished(group)
         if self.episode_log is not None:
             self.episode_log.write_group(group)
         early_failure = self._check_early_failures(group)

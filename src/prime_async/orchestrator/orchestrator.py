@@ -53,6 +53,7 @@ from prime_async.orchestrator.engine_load import EngineLoad
 from prime_async.orchestrator.env_mix import EnvMix, MixEnv
 from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.groups import GroupTable
+from prime_async.orchestrator.length_bias import LengthBias
 from prime_async.orchestrator.metrics import batch_metrics
 from prime_async.orchestrator.planned_stop import EXIT_PLANNED_STOP, PlannedStop, stop_and_save
 from prime_async.orchestrator.schedule import DeterministicSchedule
@@ -91,6 +92,7 @@ class Components:
     teacher: TeacherScorer | None = None
     engine_load: EngineLoad | None = None
     carry: Carry | None = None
+    length_bias: LengthBias = field(default_factory=LengthBias)
     undelivered: dict[int, list[Group]] = field(default_factory=dict)
     """Groups of each batch cut in this lifetime that not every trainer rank has fetched yet."""
 
@@ -130,6 +132,7 @@ def build_components(
         source = {env.label: source for env in cfg.envs}
     envs = build_env_mix(cfg, source)
     start_step, saved = _restore(cfg, envs)
+    length_bias = LengthBias()
     carry = None
     if saved.get("carry") and not cfg.deterministic:
         carry = Carry(saved["carry"], served_version=served_version)
@@ -170,6 +173,7 @@ def build_components(
         teacher=teacher,
         episode_log=episode_log,
         carry=carry,
+        length_bias=length_bias,
     )
     watcher = WeightWatcher(
         engines=engines,
@@ -187,8 +191,9 @@ def build_components(
         signal=signal,
     )
     return Components(
-        envs, groups, admission, dispatcher, sink, watcher, start_step, teacher, EngineLoad(engines), carry
-    )
+        envs, groups, admission, dispatcher, sink, watcher, start_step, teacher, EngineLoad(engines), carry,
+        length_bias,
+    )  # fmt: skip
 
 
 def _schedule(cfg: OrchestratorConfig, start_step: int) -> DeterministicSchedule | None:
@@ -323,6 +328,7 @@ async def _produce(
             share_prefix=cfg.share_prompt_prefix,
             teacher=cfg.teacher,
         )
+        comps.length_bias.trained(groups)
         comps.undelivered[step] = groups  # until the trainer fetched it: a planned stop carries them
         if on_step is not None:
             on_step(step, groups)
@@ -409,6 +415,9 @@ def _step_metrics(
         metrics.update(comps.teacher.window_metrics())
     if comps.carry is not None:
         metrics.update(comps.carry.metrics())
+    metrics.update(comps.length_bias.metrics())
+    ended = comps.groups.counts()
+    comps.length_bias.warn_if_biased(stale_or_cancelled=ended["dropped_stale"] + ended["cancelled"])
     metrics["time/step"] = time_step
     metrics["time/wait_data"] = wait_data
     return metrics
