@@ -176,7 +176,9 @@ def trained_prompts(out: Path, step: int) -> set[tuple[int, int]]:
     saved = json.loads((out / "checkpoints" / "orchestrator" / f"step_{step}.json").read_text())
     (state,) = saved["envs"].values()  # the soak trains one environment
     issued: set[tuple[int, int]] = set()
-    for epoch in range(state["epoch"] + 1):
+    if state["num_examples"] is None:  # a streamed taskset: ids 0, 1, 2, ... in draw order, epoch 0
+        issued = {(e, 0) for e in range(state["position"])}
+    for epoch in range(state["epoch"] + 1 if state["num_examples"] is not None else 0):
         data = DataSource(num_examples=state["num_examples"], seed=state["seed"], shuffle=state["shuffle"])
         order = data._make_order(epoch)
         upto = state["position"] if epoch == state["epoch"] else len(order)
