@@ -35,7 +35,6 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from signal import SIGINT, SIGTERM
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +46,7 @@ from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.batching import build_train_batch
 from prime_async.orchestrator.carry import Carry, snapshot
 from prime_async.orchestrator.ckpt import latest_checkpoint, save_checkpoint
+from prime_async.orchestrator.components import Components
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.dispatcher import Dispatcher, episode_key
 from prime_async.orchestrator.engine_load import EngineLoad
@@ -58,7 +58,7 @@ from prime_async.orchestrator.metrics import batch_metrics
 from prime_async.orchestrator.planned_stop import EXIT_PLANNED_STOP, PlannedStop, stop_and_save
 from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.teacher import TeacherScorer
-from prime_async.orchestrator.train_sink import Sink, build_train_sink
+from prime_async.orchestrator.train_sink import build_train_sink
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.engine_checks import (
     check_engines_belong_to_run,
@@ -78,23 +78,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 30.0
-
-
-@dataclass
-class Components:
-    envs: EnvMix
-    groups: GroupTable
-    admission: AdmissionController
-    dispatcher: Dispatcher
-    sink: Sink
-    watcher: WeightWatcher
-    start_step: int = 0
-    teacher: TeacherScorer | None = None
-    engine_load: EngineLoad | None = None
-    carry: Carry | None = None
-    length_bias: LengthBias = field(default_factory=LengthBias)
-    undelivered: dict[int, list[Group]] = field(default_factory=dict)
-    """Groups of each batch cut in this lifetime that not every trainer rank has fetched yet."""
 
 
 def build_env_mix(cfg: OrchestratorConfig, sources: Mapping[str, RolloutSource]) -> EnvMix:
@@ -338,6 +321,7 @@ async def _produce(
         # budget is gone). The state is final here: the cut moved the batch's groups to trained.
         if cfg.ckpt.interval is not None and (step + 1) % cfg.ckpt.interval == 0:
             save_checkpoint(cfg.output_dir, step, checkpoint_state(comps))
+        time_cut = clock() - last - wait_data
         with waiting(stalls, f"batch {step} to be fetched", peer="the trainer"):
             await _supervised(send_batch(batch), background)
         _forget_fetched(comps, fetched())
@@ -345,6 +329,7 @@ async def _produce(
         now = clock()
         metrics = _step_metrics(comps, groups, step, time_step=now - last, wait_data=wait_data)
         metrics.update(batch.metrics)  # batch/sample_tokens, batch/packed_tokens
+        metrics["time/cut"] = time_cut
         if comps.engine_load is not None:
             metrics.update(await comps.engine_load.window_metrics())
         last = now

@@ -28,7 +28,7 @@ from prime_async.orchestrator.ckpt import checkpoint_dir, save_checkpoint
 from prime_async.orchestrator.types import Group
 
 if TYPE_CHECKING:
-    from prime_async.orchestrator.orchestrator import Components
+    from prime_async.orchestrator.components import Components
 
 logger = logging.getLogger(__name__)
 

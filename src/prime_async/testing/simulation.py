@@ -27,7 +27,8 @@ from prime_async.engine_api import GenerateResult, SamplingParams
 from prime_async.eval.episodes import EvalResult
 from prime_async.eval.in_run import InRunEval, due_versions
 from prime_async.eval.setup import eval_envs
-from prime_async.orchestrator.orchestrator import Components, build_components, run_loop
+from prime_async.orchestrator.components import Components
+from prime_async.orchestrator.orchestrator import build_components, run_loop
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.types import Episode
 from prime_async.transport.types import TrainBatch
@@ -88,6 +89,9 @@ class SimParams:
     update_time_s: float = 0.05
     error_rate: float = 0.0
     seed: int = 0
+    latency_samples: tuple[float, ...] = ()  # measured episode seconds: drawn from instead of the Pareto
+    engine_slots: int | None = None  # requests one engine runs at once (more queue); None = unbounded
+    cut_time_s: float = 0.0  # orchestrator time per batch cut (build, checkpoint, send) before the trainer
     # The fake trainer wakes the watcher on publish; polling is only a fallback (each poll costs CPU).
     watcher_poll_s: float = 60.0
 
@@ -107,10 +111,23 @@ class SimulatedEngine:
         self._idle = asyncio.Event()
         self._idle.set()
         self.calls: list[tuple[str, Any]] = []
+        self._slots = asyncio.Semaphore(params.engine_slots) if params.engine_slots else None
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None):
+        if self._slots is None:
+            return await self._generate(input_ids, sampling_params, rid)
+        async with self._slots:
+            return await self._generate(input_ids, sampling_params, rid)
+
+    def _latency(self) -> float:
         p = self.params
-        latency = min(p.latency_s * self.rng.paretovariate(p.pareto_alpha), p.max_latency_s)
+        if p.latency_samples:
+            return self.rng.choice(p.latency_samples)
+        return min(p.latency_s * self.rng.paretovariate(p.pareto_alpha), p.max_latency_s)
+
+    async def _generate(self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None):
+        p = self.params
+        latency = self._latency()
         n_tokens = self.rng.randint(1, min(p.max_new_tokens, sampling_params.get("max_new_tokens", 1 << 30)))
         self.running += 1
         self._idle.clear()
@@ -332,6 +349,8 @@ async def run_simulation(
 
     async def send(batch: TrainBatch) -> None:
         result.batches[batch.step] = batch
+        if params.cut_time_s:
+            await asyncio.sleep(params.cut_time_s)
         await trainer.send(batch)
 
     evaluator = _evaluator(cfg, comps, params, rng, broadcasts, result) if cfg.eval.enabled else None
