@@ -1,7 +1,8 @@
 """What one run measured, as the simulator needs it: read from a run directory's metrics.
 
     metrics/episodes.jsonl     `seconds` of every ok episode   ──► latency samples (drawn per episode)
-    metrics/trainer.jsonl      time/train + time/publish_weights ──► train time per step
+    metrics/trainer.jsonl      time/train + min time/publish_weights ──► train time per step
+                               time/write_weights                ──► background weight write
     metrics/orchestrator.jsonl time/sync_weights, time/cut       ──► weight update, batch cut time
                                time/step                         ──► the measured step time
 
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
-import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-WARMUP_STEPS = 2
+from prime_async.launcher.child_run import run_rl
+
+WARMUP_STEPS = 3
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -35,17 +36,24 @@ class Profile:
     run_dir: Path
     steps: int
     latency_samples: tuple[float, ...]
-    train_time_s: float
+    train_time_s: float  # time/train + the snapshot part of time/publish_weights (its no-wait minimum)
+    write_time_s: float  # time/write_weights: the background write until engines can load the version
     update_time_s: float
     cut_time_s: float
     step_time_s: float  # measured: mean orchestrator time/step after the warm-up
+    engines: int = 1
+    concurrency_per_engine: float = (
+        1.0  # most episodes running on one engine at once (the latencies hold up to it)
+    )
 
     def describe(self) -> str:
         lat = sorted(self.latency_samples)
         return (
             f"profile of {self.run_dir} ({self.steps} steps): episode p50 {_q(lat, 0.5):.3f}s "
             f"p90 {_q(lat, 0.9):.3f}s ({len(lat)} episodes), train {self.train_time_s:.3f}s/step, "
-            f"weight update {self.update_time_s:.3f}s, batch cut {self.cut_time_s:.3f}s, "
+            f"weight write {self.write_time_s:.3f}s, engine update {self.update_time_s:.3f}s, "
+            f"batch cut {self.cut_time_s:.3f}s, "
+            f"up to {self.concurrency_per_engine:.1f} episodes at once per engine ({self.engines} engines), "
             f"measured step {self.step_time_s:.3f}s"
         )
 
@@ -75,35 +83,49 @@ def read_profile(run_dir: Path, *, warmup: int = WARMUP_STEPS) -> Profile:
     ]
     if not episodes:
         raise ValueError(f"{metrics / 'episodes.jsonl'}: no ok episode finished after the warm-up")
+    engines = _engines(run_dir)
+    concurrency = _peak_concurrency(episodes) / engines
     updates = [m["time/sync_weights"] for m in orch if m.get("time/sync_weights", 0) > 0]
     return Profile(
         run_dir=run_dir,
         steps=len(orch) + warmup,
         latency_samples=tuple(e["seconds"] for e in episodes),
-        train_time_s=_median([m["time/train"] + m.get("time/publish_weights", 0.0) for m in trainer]),
+        train_time_s=_median([m["time/train"] for m in trainer])
+        + min(m.get("time/publish_weights", 0.0) for m in trainer),
+        write_time_s=_median([m["time/write_weights"] for m in trainer if "time/write_weights" in m]),
         update_time_s=_median(updates),
         cut_time_s=_median([m.get("time/cut", 0.0) for m in orch]),
         step_time_s=statistics.fmean(m["time/step"] for m in orch),
+        engines=engines,
+        concurrency_per_engine=max(1.0, concurrency),
     )
 
 
+def _peak_concurrency(episodes: list[dict]) -> int:
+    """Most episodes running at once: each one spans [time - seconds, time] (`time` is when its group was
+    logged, so the span is shifted late by at most the group's tail)."""
+    events = sorted(
+        [(e["time"] - e["seconds"], 1) for e in episodes] + [(e["time"], -1) for e in episodes],
+        key=lambda ev: (ev[0], ev[1]),
+    )
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def _engines(run_dir: Path) -> int:
+    """Inference engines of the run, from its resolved `configs/orchestrator.toml` (1 when absent)."""
+    path = run_dir / "configs" / "orchestrator.toml"
+    if not path.exists():
+        return 1
+    urls = tomllib.loads(path.read_text()).get("inference", {}).get("base_urls", [])
+    return max(1, len(urls))
+
+
 def profile_run(rl_argv: list[str], *, steps: int, run_dir: Path, timeout_s: float) -> Path:
-    """Run `rl` with the user's arguments for `steps` steps into `run_dir` (wandb off); return `run_dir`.
-    The run's console output streams through; past `timeout_s` it is stopped and an error names it."""
-    cmd = [sys.executable, "-m", "prime_async.entrypoints.rl", *rl_argv, "--max_steps", str(steps),
-           "--output_dir", str(run_dir), "--wandb.enabled", "false"]  # fmt: skip
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd)
-    try:
-        rc = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        proc.wait(timeout=60)
-        raise RuntimeError(
-            f"plan: the profile run (rl, {steps} steps) did not finish in {timeout_s:.0f}s; plan waited on "
-            f"it: see {run_dir}/logs"
-        ) from None
-    if rc != 0:
-        raise RuntimeError(f"plan: the profile run exited {rc}: see {run_dir}/logs")
-    print(f"plan: profile run of {steps} steps took {time.monotonic() - started:.0f}s", flush=True)
+    """Run `rl` with the user's arguments for `steps` steps into `run_dir` (wandb off); return `run_dir`."""
+    seconds = run_rl(rl_argv, steps=steps, run_dir=run_dir, timeout_s=timeout_s, caller="plan")
+    print(f"plan: profile run of {steps} steps took {seconds:.0f}s", flush=True)
     return run_dir

@@ -149,6 +149,8 @@ class VerifiersRolloutSource:
         self.episode_seconds = 0.0
         self._tools_in_process = env_cfg.runner == "inprocess" and env_cfg.toolsets == "inprocess"
         self._retains_http_clients = False
+        self.call_log: dict[str, list[GatewayCall]] | None = None
+        """When a dict (`doctor` sets one): every episode's recorded model calls, by engine key."""
 
     @property
     def num_examples(self) -> int | None:
@@ -254,6 +256,10 @@ class VerifiersRolloutSource:
             error = None if self._serving.cancelled() else self._serving.exception()
             raise RuntimeError(f"verifiers serving stopped: {error!r}")
 
+    def task(self, example_id: int) -> Any:
+        """The verifiers task of example `example_id` (IndexError past a bounded taskset)."""
+        return self._tasks[example_id]
+
     def recorded_calls(self, engine_key: str) -> list[GatewayCall]:
         """The engine calls recorded so far by the running episode `engine_key` (none: not running)."""
         for session in self.gateway.sessions.values():
@@ -304,6 +310,8 @@ class VerifiersRolloutSource:
             episode.metrics["env_error"] = "rollout"
             episodes = [episode]
         finally:
+            if self.call_log is not None:
+                self.call_log[engine_key] = list(session.calls)
             self.gateway.close_session(session.key)
             seconds = time.perf_counter() - t0
             self.episode_seconds += seconds

@@ -92,6 +92,8 @@ class SimParams:
     latency_samples: tuple[float, ...] = ()  # measured episode seconds: drawn from instead of the Pareto
     engine_slots: int | None = None  # requests one engine runs at once (more queue); None = unbounded
     cut_time_s: float = 0.0  # orchestrator time per batch cut (build, checkpoint, send) before the trainer
+    write_time_s: float = 0.0  # background weight write after each step (0: published when trained)
+    saturation: float | None = None  # running requests past which an engine is throughput-bound (slows down)
     # The fake trainer wakes the watcher on publish; polling is only a fallback (each poll costs CPU).
     watcher_poll_s: float = 60.0
 
@@ -125,6 +127,11 @@ class SimulatedEngine:
             return self.rng.choice(p.latency_samples)
         return min(p.latency_s * self.rng.paretovariate(p.pareto_alpha), p.max_latency_s)
 
+    def _slowdown(self) -> float:
+        """Past `saturation` running requests the engine shares its throughput: each one slows down."""
+        sat = self.params.saturation
+        return max(1.0, self.running / sat) if sat else 1.0
+
     async def _generate(self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None):
         p = self.params
         latency = self._latency()
@@ -136,7 +143,7 @@ class SimulatedEngine:
             for chunk in range(p.num_chunks):
                 await self._resume.wait()
                 version = self.version
-                await asyncio.sleep(latency / p.num_chunks)
+                await asyncio.sleep(latency / p.num_chunks * self._slowdown())
                 lo, hi = chunk * n_tokens // p.num_chunks, (chunk + 1) * n_tokens // p.num_chunks
                 versions.extend([version] * (hi - lo))
         finally:
@@ -249,11 +256,18 @@ class SimulationResult:
 
 
 class FakeTrainer:
-    """Trains batch n for `train_time_s` (simulated), then publishes version n+1 and wakes the watcher."""
+    """Trains batch n for `train_time_s` (simulated), then publishes version n+1 and wakes the watcher.
 
-    def __init__(self, *, broadcasts: InMemoryBroadcasts, train_time_s: float, max_off_policy_steps: int):
+    With `write_time_s` the version is written in the background (the real trainer's weight writer): it
+    becomes visible `write_time_s` later, one write in flight at a time (the next publish waits for it)."""
+
+    def __init__(
+        self, *, broadcasts: InMemoryBroadcasts, train_time_s: float, max_off_policy_steps: int,
+        write_time_s: float = 0.0,
+    ):  # fmt: skip
         self.broadcasts = broadcasts
         self.train_time_s = train_time_s
+        self.write_time_s = write_time_s
         self.k = max_off_policy_steps
         self.queue: asyncio.Queue[TrainBatch] = asyncio.Queue()
         self.on_publish: list[Any] = []
@@ -262,14 +276,29 @@ class FakeTrainer:
         self.queue.put_nowait(batch)
 
     async def run(self, start_step: int, max_steps: int) -> None:
+        writing: asyncio.Task | None = None
         for step in range(start_step, max_steps):
             batch = await self.queue.get()
             assert batch.step == step, f"trainer expected batch {step}, got {batch.step}"
             assert step - batch.min_dispatch_version <= self.k, "trainer received a group staler than K"
             await asyncio.sleep(self.train_time_s)
-            self.broadcasts.latest = step + 1
-            for callback in self.on_publish:
-                callback()
+            if not self.write_time_s:
+                self._publish(step + 1)
+                continue
+            if writing is not None:
+                await writing
+            writing = asyncio.create_task(self._write(step + 1))
+        if writing is not None:
+            await writing
+
+    async def _write(self, version: int) -> None:
+        await asyncio.sleep(self.write_time_s)
+        self._publish(version)
+
+    def _publish(self, version: int) -> None:
+        self.broadcasts.latest = version
+        for callback in self.on_publish:
+            callback()
 
 
 def _instrument_caps(comps: Components) -> None:
@@ -337,7 +366,10 @@ async def run_simulation(
         _instrument_caps(comps)
         _instrument_cancel(comps, result)
     trainer = FakeTrainer(
-        broadcasts=broadcasts, train_time_s=params.train_time_s, max_off_policy_steps=cfg.max_off_policy_steps
+        broadcasts=broadcasts,
+        train_time_s=params.train_time_s,
+        max_off_policy_steps=cfg.max_off_policy_steps,
+        write_time_s=params.write_time_s,
     )
     trainer.on_publish.append(comps.watcher.wake)
 

@@ -1,0 +1,40 @@
+"""Engine vs trainer logprobs at version 0: the trainer's model scores the probe episodes' sampled tokens.
+
+The trainer model is loaded as the fsdp backend loads it (`trainer.model`, dtype included) and scores each
+ok episode as one row (`packed_logprobs`, the trainer's own function) at the sampling temperature. The
+figure is the trainer's `mismatch_kl`: the k3 estimator of KL(engine || trainer) per sampled token,
+`rho - 1 - log rho` with `log rho = trainer - engine logprob`. MoE models are scored without routing replay
+(the trainer's routing), which is what `router_replay` removes.
+"""
+
+from __future__ import annotations
+
+from prime_async.config.rl import RLConfig
+from prime_async.rollouts.types import Episode
+
+
+def mismatch_kl(cfg: RLConfig, episodes: list[Episode], temperature: float) -> tuple[float | None, int]:
+    """(mean k3 KL per sampled token, number of tokens); (None, 0) without sampled tokens."""
+    import torch
+
+    from prime_async.trainer.fsdp import load_model
+    from prime_async.trainer.packed_rows import packed_logprobs
+
+    rows = [e for e in episodes if e.status == "ok" and any(e.loss_mask)]
+    if not rows:
+        return None, 0
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the trainer's dtype on it
+    model = load_model(cfg.trainer, device).eval()
+    kl_sum, tokens = 0.0, 0
+    with torch.no_grad():
+        for ep in rows:
+            ids = torch.tensor(ep.token_ids, dtype=torch.long, device=device)
+            mask = torch.tensor(ep.loss_mask, dtype=torch.bool, device=device)
+            mask[0] = False  # the first token has no predecessor to score it
+            pos = torch.arange(len(ep.token_ids), device=device)
+            trainer_logp, _ = packed_logprobs(model, ids, pos, temperature, loss_mask=mask)
+            engine_logp = torch.tensor(ep.sampler_logprobs, dtype=torch.float64, device=device)[mask]
+            log_rho = trainer_logp[mask].double() - engine_logp
+            kl_sum += float((log_rho.exp() - 1 - log_rho).sum())
+            tokens += int(mask.sum())
+    return (kl_sum / tokens if tokens else None), tokens

@@ -1,0 +1,42 @@
+"""The planner end to end: profile (or read) a run, simulate the candidates, render the report."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prime_async.config.loader import load_config
+from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.plan.candidates import candidate_grid, predict
+from prime_async.plan.profile import profile_run, read_profile
+from prime_async.plan.report import recommendation, render
+
+
+def run_config(run_dir: Path) -> OrchestratorConfig:
+    """The orchestrator config the run in `run_dir` ran with (its resolved `configs/orchestrator.toml`)."""
+    path = run_dir / "configs" / "orchestrator.toml"
+    if not path.exists():
+        raise FileNotFoundError(f"plan: {path} is missing: --from-run needs the directory of an rl run")
+    return load_config(OrchestratorConfig, ["@", str(path)])
+
+
+def plan_run(run_dir: Path) -> str:
+    """Read the run's profile and config, simulate every candidate, return the report."""
+    started = time.monotonic()
+    profile = read_profile(run_dir)
+    cfg = run_config(run_dir)
+    predictions = [predict(cfg, profile, cand) for cand in candidate_grid(cfg)]
+    return "\n".join(
+        [
+            profile.describe(),
+            render(predictions, profile.step_time_s),
+            recommendation(predictions),
+            f"plan: {len(predictions)} candidates simulated in {time.monotonic() - started:.1f}s",
+        ]
+    )
+
+
+def profile_then_plan(rl_argv: list[str], run_dir: Path, *, steps: int, timeout_s: float) -> str:
+    print(f"plan: profiling {steps} steps into {run_dir}", flush=True)
+    profile_run(rl_argv, steps=steps, run_dir=run_dir, timeout_s=timeout_s)
+    return plan_run(run_dir)

@@ -1,0 +1,68 @@
+"""`doctor` as a user runs it: real processes (the embedded engine, a K = 0 `rl` run), the tiny model.
+
+`configs/tiny/rl.toml` passes every check; the same config with a reward that ignores the episode (random)
+and a `seq_len` too short for prompt + max_tokens fails exactly those two checks, exits 1 and prints the
+fixes. Both leave no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BROKEN_REWARD = Path(__file__).parent / "random_reward.py"
+
+
+def _doctor(
+    tiny_model_dir: Path, out: Path, *extra: str, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable, "-m", "prime_async.entrypoints.doctor", "@", str(ROOT / "configs/tiny/rl.toml"),
+        "--output-dir", str(out), "--model.path", str(tiny_model_dir), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _rows(stdout: str) -> dict[str, str]:
+    """check name -> result, from the table's rows."""
+    out = {}
+    for line in stdout.splitlines():
+        for status in ("pass", "FAIL", "skip"):
+            if f"  {status}  " in line:
+                out[line.split(f"  {status}  ")[0].split("  ", 1)[1].strip()] = status
+    return out
+
+
+@pytest.mark.timeout(700)
+def test_doctor_passes_the_tiny_config(tiny_model_dir: Path, tmp_path: Path) -> None:
+    proc = _doctor(tiny_model_dir, tmp_path / "run", "--sync-steps", "2", "--examples", "3", "--longest", "1")
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    rows = _rows(proc.stdout)
+    assert rows == {
+        "tokens round-trip": "pass", "same seed, same reward": "pass", "longest prompt fits seq_len": "pass",
+        "engine vs trainer logprobs (v0)": "pass", "K = 0 equals sync": "pass",
+    }, proc.stdout  # fmt: skip
+    assert (tmp_path / "run-doctor" / "k0-run" / "metrics" / "trainer.jsonl").exists()
+
+
+@pytest.mark.timeout(700)
+def test_doctor_flags_a_random_reward_and_a_short_seq_len(tiny_model_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text(f'[orchestrator.env.args.task.rewards.lcs]\nfn = "{BROKEN_REWARD}:random_reward"\n')
+    proc = _doctor(
+        tiny_model_dir, tmp_path / "run", "@", str(broken), "--seq-len", "64", "--sync-steps", "0",
+        "--examples", "2", "--longest", "1",
+    )  # fmt: skip
+    assert proc.returncode == 1, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    rows = _rows(proc.stdout)
+    assert rows["same seed, same reward"] == "FAIL" and rows["longest prompt fits seq_len"] == "FAIL"
+    assert rows["tokens round-trip"] == "pass" and rows["K = 0 equals sync"] == "skip"
+    assert "fix [reverse-text] same seed, same reward: make the reward a function of the task" in proc.stdout
+    assert "raise seq_len to >=" in proc.stdout
+    assert proc.stdout.rstrip().endswith("doctor: 2 check(s) failed")
