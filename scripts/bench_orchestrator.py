@@ -22,7 +22,7 @@ import time
 
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.engine_api import SamplingParams
-from prime_async.testing.simulation import (
+from prime_async.simulation import (
     SimParams,
     SimulatedEngine,
     SimulatedRolloutSource,

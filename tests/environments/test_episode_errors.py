@@ -19,7 +19,7 @@ from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.orchestrator.orchestrator import build_components, run_loop
 from prime_async.rollouts.episode_errors import EpisodesFailing
 from prime_async.rollouts.source import build_rollout_source
-from prime_async.testing.simulation import InMemoryBroadcasts
+from prime_async.simulation import InMemoryBroadcasts
 
 pytest.importorskip("verifiers.v1")
 FAULTY = Path(__file__).parent / "faulty_rewards.py"

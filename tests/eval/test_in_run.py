@@ -10,7 +10,7 @@ import pytest
 
 from prime_async.config.orchestrator import OrchestratorConfig, OrchestratorEvalConfig
 from prime_async.eval.in_run import due_versions
-from prime_async.testing.simulation import SimParams, run_simulation, run_virtual
+from prime_async.simulation import SimParams, run_simulation, run_virtual
 from prime_async.weights.watcher import WeightWatcher
 
 EVAL_ENV = {"id": "sim", "name": "heldout", "num_examples": 4, "rollouts_per_example": 2}
@@ -84,7 +84,7 @@ def test_an_eval_engine_hiccup_never_ends_training(tmp_path: Path, monkeypatch) 
     EngineUnavailable escaped the eval task and the orchestrator exited, ending the run. Now a failed
     load or eval is retried, then that version is skipped (`eval/failed_versions`); training goes on."""
     from prime_async.engine_api import EngineUnavailable
-    from prime_async.testing.simulation import SimulatedEngine
+    from prime_async.simulation import SimulatedEngine
 
     real_version, real_update = SimulatedEngine.weight_version, SimulatedEngine.update_weights_from_disk
     hiccups = {"v0": 1}  # v0: the first /model_info of eval engine 100 fails, the retry succeeds

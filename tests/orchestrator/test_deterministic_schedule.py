@@ -23,7 +23,7 @@ from prime_async.orchestrator.train_sink import DeterministicSink
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.seeds import call_seed, derive_seed, episode_seed
 from prime_async.rollouts.types import Episode
-from prime_async.testing.simulation import SimParams, run_simulation, run_virtual
+from prime_async.simulation import SimParams, run_simulation, run_virtual
 
 
 def test_schedule_versions_blocking_and_loadability():

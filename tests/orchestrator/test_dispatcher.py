@@ -16,7 +16,7 @@ from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.train_sink import TrainSink
 from prime_async.rollouts.episode_errors import EpisodesFailing
 from prime_async.rollouts.types import Episode
-from prime_async.testing.simulation import run_virtual
+from prime_async.simulation import run_virtual
 
 
 class ScriptedSource:

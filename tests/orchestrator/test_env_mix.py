@@ -17,7 +17,7 @@ from prime_async.engine_api import SamplingParams
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.env_mix import EnvMix, MixEnv, MixSchedule
 from prime_async.orchestrator.types import Group
-from prime_async.testing.simulation import InMemoryBroadcasts, SimParams, run_simulation, run_virtual
+from prime_async.simulation import InMemoryBroadcasts, SimParams, run_simulation, run_virtual
 
 RATIOS = st.lists(st.sampled_from([0.5, 1, 1.5, 2, 3, 7, 10]), min_size=1, max_size=5)
 

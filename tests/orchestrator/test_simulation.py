@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.testing.simulation import InMemoryBroadcasts, SimParams, run_simulation, run_virtual
+from prime_async.simulation import InMemoryBroadcasts, SimParams, run_simulation, run_virtual
 
 
 def config(**kw) -> OrchestratorConfig:
@@ -205,7 +205,7 @@ def test_background_failure_ends_the_main_loop():
         async def broken(*args, **kwargs):
             raise RuntimeError("engine 500 on update_weights_from_disk")
 
-        import prime_async.testing.simulation as sim
+        import prime_async.simulation as sim
 
         original = sim.SimulatedEngine.update_weights_from_disk
         sim.SimulatedEngine.update_weights_from_disk = broken
@@ -224,7 +224,7 @@ def test_checkpoint_is_written_before_its_batch_can_reach_the_trainer(tmp_path: 
     orchestrator's of step n; the rollback then resumed the orchestrator a whole interval behind engines
     serving n + 1 (`n - d < 0`, refused at start), and every restart died the same way."""
     from prime_async.orchestrator.ckpt import latest_checkpoint
-    from prime_async.testing.simulation import FakeTrainer
+    from prime_async.simulation import FakeTrainer
 
     seen: dict[int, int | None] = {}
     real_send = FakeTrainer.send

@@ -11,7 +11,7 @@ import pytest
 from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.groups import GroupTable
-from prime_async.testing.simulation import SimParams, SimulatedEngine, run_virtual
+from prime_async.simulation import SimParams, SimulatedEngine, run_virtual
 from prime_async.weights.watcher import BroadcastDir, WeightWatcher
 
 

@@ -25,7 +25,7 @@ from hf_engine import HFEngineClient
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.orchestrator.orchestrator import build_components, run_loop
 from prime_async.rollouts.source import build_rollout_source
-from prime_async.testing.simulation import InMemoryBroadcasts
+from prime_async.simulation import InMemoryBroadcasts
 
 pytest.importorskip("verifiers.v1")
 FLAKY = Path(__file__).parent / "flaky_rewards.py"

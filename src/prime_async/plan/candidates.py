@@ -26,7 +26,7 @@ from typing import Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.plan.profile import WARMUP_STEPS, Profile
-from prime_async.testing.simulation import SimParams, run_simulation, run_virtual
+from prime_async.simulation import SimParams, run_simulation, run_virtual
 
 SIM_STEPS = 24
 SEEDS = (0, 1, 2)

@@ -9,8 +9,9 @@
     with `cfg.eval` the real in-run eval runs on simulated sources (shared: the training engines;
     dedicated/external: engines of its own that load each version).
 
-Nothing here runs in production; `run_simulation` wires the real components exactly as
-`orchestrator.py` does (build_components + run_loop), only engines, source, trainer and clock are fake.
+Used by the tests, `scripts/bench_orchestrator.py` and `uv run plan` (which feeds it measured timings);
+never by a run. `run_simulation` wires the real components exactly as `orchestrator.py` does
+(build_components + run_loop), only engines, source, trainer and clock are simulated.
 """
 
 from __future__ import annotations
