@@ -1,7 +1,7 @@
 """Candidate async settings and their simulated step time and staleness.
 
 Each candidate is the user's orchestrator config with K, `max_inflight_groups`, `max_buffered_groups` and
-the number of engines changed. It runs through `testing.simulation.run_simulation` (the real admission,
+the number of engines changed. It runs through `simulation.run_simulation` (the real admission,
 dispatcher, group table, train sink and weight watcher on a virtual clock) with engines and a trainer whose
 timings come from a `Profile`:
 
