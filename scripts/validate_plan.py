@@ -19,11 +19,11 @@ from pathlib import Path
 
 from prime_async.plan.candidates import current_candidate, predict
 from prime_async.plan.profile import WARMUP_STEPS, profile_run, read_jsonl, read_profile
-from prime_async.plan.run import run_config
+from prime_async.plan.run import profile, run_config
 
 CONFIGS: dict[str, tuple[list[str], int]] = {
     # name: (rl arguments, steps of the measured run)
-    "tiny": (["@", "configs/tiny/rl.toml"], 30),
+    "tiny": (["@", "configs/tiny/rl.toml"], 400),  # ~0.1 s steps: long enough that one hiccup weighs little
     "demo": (["@", "configs/echo_text/rl.toml"], 24),
     "demo-k0": (["@", "configs/echo_text/rl.toml", "--orchestrator.max_off_policy_steps", "0"], 24),
 }
@@ -37,17 +37,17 @@ def measured_step_time(run_dir: Path) -> float:
 def validate(name: str, out: Path, profile_steps: int, timeout_s: float) -> dict[str, float]:
     argv, steps = CONFIGS[name]
     profile_dir, measured_dir = out / f"{name}-profile", out / f"{name}-measured"
-    for d in (profile_dir, measured_dir):
+    for d in (profile_dir, profile_dir.with_name(profile_dir.name + "-long"), measured_dir):
         shutil.rmtree(d, ignore_errors=True)
     started = time.monotonic()
-    profile_run(argv, steps=profile_steps, run_dir=profile_dir, timeout_s=timeout_s)
-    profile = read_profile(profile_dir)
+    profile_dir = profile(argv, profile_dir, steps=profile_steps, timeout_s=timeout_s)
+    profile_read = read_profile(profile_dir)
     cfg = run_config(profile_dir)
-    predicted = predict(cfg, profile, current_candidate(cfg)).step_time_s
+    predicted = predict(cfg, profile_read, current_candidate(cfg)).step_time_s
     plan_s = time.monotonic() - started
     profile_run(argv, steps=steps, run_dir=measured_dir, timeout_s=timeout_s)
     measured = measured_step_time(measured_dir)
-    return {"predicted": predicted, "measured": measured, "profile_step": profile.step_time_s,
+    return {"predicted": predicted, "measured": measured, "profile_step": profile_read.step_time_s,
             "plan_s": plan_s, "steps": steps}  # fmt: skip
 
 
@@ -55,7 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(CONFIGS), help="comma-separated config names")
     parser.add_argument("--out", type=Path, default=Path("outputs/validate-plan"))
-    parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument("--profile-steps", type=int, default=16)
     parser.add_argument("--timeout-s", type=float, default=900.0)
     args = parser.parse_args()
     rows = {

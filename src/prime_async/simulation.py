@@ -90,7 +90,9 @@ class SimParams:
     update_time_s: float = 0.05
     error_rate: float = 0.0
     seed: int = 0
-    latency_samples: tuple[float, ...] = ()  # measured episode seconds: drawn from instead of the Pareto
+    # measured episode seconds by group: a group draws one recorded group's latencies (its episodes in
+    # order) instead of the Pareto; a stall that slowed a whole group stays one group's worth
+    latency_groups: tuple[tuple[float, ...], ...] = ()
     engine_slots: int | None = None  # requests one engine runs at once (more queue); None = unbounded
     cut_time_s: float = 0.0  # orchestrator time per batch cut (build, checkpoint, send) before the trainer
     write_time_s: float = 0.0  # background weight write after each step (0: published when trained)
@@ -116,16 +118,18 @@ class SimulatedEngine:
         self.calls: list[tuple[str, Any]] = []
         self._slots = asyncio.Semaphore(params.engine_slots) if params.engine_slots else None
 
-    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None):
+    async def generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
+        latency_s: float | None = None,
+    ):  # fmt: skip
+        """`latency_s`: this request's unloaded latency (None: drawn from the Pareto)."""
         if self._slots is None:
-            return await self._generate(input_ids, sampling_params, rid)
+            return await self._generate(input_ids, sampling_params, rid, latency_s)
         async with self._slots:
-            return await self._generate(input_ids, sampling_params, rid)
+            return await self._generate(input_ids, sampling_params, rid, latency_s)
 
     def _latency(self) -> float:
         p = self.params
-        if p.latency_samples:
-            return self.rng.choice(p.latency_samples)
         return min(p.latency_s * self.rng.paretovariate(p.pareto_alpha), p.max_latency_s)
 
     def _slowdown(self) -> float:
@@ -133,9 +137,11 @@ class SimulatedEngine:
         sat = self.params.saturation
         return max(1.0, self.running / sat) if sat else 1.0
 
-    async def _generate(self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None):
+    async def _generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None, latency_s: float | None
+    ):  # fmt: skip
         p = self.params
-        latency = self._latency()
+        latency = self._latency() if latency_s is None else latency_s
         n_tokens = self.rng.randint(1, min(p.max_new_tokens, sampling_params.get("max_new_tokens", 1 << 30)))
         self.running += 1
         self._idle.clear()
@@ -205,16 +211,28 @@ class SimulatedRolloutSource:
         self.rng = rng
         self.started: list[int] = []
         self._num_examples = params.num_examples if num_examples is None else num_examples
+        self._group_latencies: dict[int, list[float]] = {}  # example -> latencies left of its group
 
     @property
     def num_examples(self) -> int:
         return self._num_examples
 
+    def _recorded_latency(self, example_id: int) -> float | None:
+        """The next latency of this example's group, drawn from `params.latency_groups` (None: none)."""
+        if not self.params.latency_groups:
+            return None
+        left = self._group_latencies.get(example_id)
+        if not left:
+            left = self._group_latencies[example_id] = list(self.rng.choice(self.params.latency_groups))
+        return left.pop(0)
+
     async def run_episode(self, *, example_id: int, engine_key: str, sampling: SamplingParams) -> Episode:
         self.started.append(example_id)
         engine = self.engines[zlib.crc32(engine_key.encode()) % len(self.engines)]
         prompt = [example_id % 997 + 1] * self.params.prompt_len
-        res = await engine.generate(prompt, sampling.to_sglang())
+        res = await engine.generate(
+            prompt, sampling.to_sglang(), latency_s=self._recorded_latency(example_id)
+        )
         n_prompt, n_out = len(prompt), len(res.output_ids)
         ep = Episode(
             example_id=example_id,

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-PROFILE_STEPS = 10
+PROFILE_STEPS = 16
 
 
 def _parser() -> argparse.ArgumentParser:

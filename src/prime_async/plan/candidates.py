@@ -5,7 +5,8 @@ the number of engines changed. It runs through `simulation.run_simulation` (the 
 dispatcher, group table, train sink and weight watcher on a virtual clock) with engines and a trainer whose
 timings come from a `Profile`:
 
-- every episode draws its latency from the measured episode seconds;
+- every group draws the latencies of one measured group (its episodes' seconds, in order): tails within
+  a group are kept, and a stall that slowed a whole group stays one group's worth;
 - an engine is throughput-bound beyond the most episodes it ran at once in the profile (`saturation`):
   with more running on it, each one slows down in proportion (with fewer, it is not faster: conservative);
 - the trainer takes the measured train time per step and writes each version in the background for the
@@ -121,7 +122,7 @@ def simulation_config(cfg: OrchestratorConfig, cand: Candidate, output_dir: str)
 
 def sim_params(profile: Profile, cand: Candidate, slots: int, seed: int) -> SimParams:
     return SimParams(
-        num_engines=cand.engines, num_examples=100_000, latency_samples=profile.latency_samples,
+        num_engines=cand.engines, num_examples=100_000, latency_groups=profile.latency_groups,
         saturation=profile.concurrency_per_engine, engine_slots=slots, train_time_s=profile.train_time_s,
         update_time_s=profile.update_time_s, cut_time_s=profile.cut_time_s, seed=seed,
         write_time_s=profile.write_time_s,

@@ -1,6 +1,6 @@
 """What one run measured, as the simulator needs it: read from a run directory's metrics.
 
-    metrics/episodes.jsonl     `seconds` of every ok episode   ──► latency samples (drawn per episode)
+    metrics/episodes.jsonl     `seconds` of every ok episode   ──► latencies, by group (drawn per group)
     metrics/trainer.jsonl      time/train + min time/publish_weights ──► train time per step
                                time/write_weights                ──► background weight write
     metrics/orchestrator.jsonl time/sync_weights, time/cut       ──► weight update, batch cut time
@@ -35,7 +35,7 @@ class Profile:
 
     run_dir: Path
     steps: int
-    latency_samples: tuple[float, ...]
+    latency_groups: tuple[tuple[float, ...], ...]  # episode seconds of each steady-state group
     train_time_s: float  # time/train + the snapshot part of time/publish_weights (its no-wait minimum)
     write_time_s: float  # time/write_weights: the background write until engines can load the version
     update_time_s: float
@@ -45,6 +45,10 @@ class Profile:
     concurrency_per_engine: float = (
         1.0  # most episodes running on one engine at once (the latencies hold up to it)
     )
+
+    @property
+    def latency_samples(self) -> list[float]:
+        return [s for group in self.latency_groups for s in group]
 
     def describe(self) -> str:
         lat = sorted(self.latency_samples)
@@ -89,7 +93,7 @@ def read_profile(run_dir: Path, *, warmup: int = WARMUP_STEPS) -> Profile:
     return Profile(
         run_dir=run_dir,
         steps=len(orch) + warmup,
-        latency_samples=tuple(e["seconds"] for e in episodes),
+        latency_groups=_by_group(episodes),
         train_time_s=_median([m["time/train"] for m in trainer])
         + min(m.get("time/publish_weights", 0.0) for m in trainer),
         write_time_s=_median([m["time/write_weights"] for m in trainer if "time/write_weights" in m]),
@@ -99,6 +103,13 @@ def read_profile(run_dir: Path, *, warmup: int = WARMUP_STEPS) -> Profile:
         engines=engines,
         concurrency_per_engine=max(1.0, concurrency),
     )
+
+
+def _by_group(episodes: list[dict]) -> tuple[tuple[float, ...], ...]:
+    groups: dict[object, list[float]] = {}
+    for e in episodes:
+        groups.setdefault(e.get("group", id(e)), []).append(e["seconds"])
+    return tuple(tuple(v) for v in groups.values())
 
 
 def _peak_concurrency(episodes: list[dict]) -> int:
