@@ -46,7 +46,8 @@ def run_dir(tmp_path: Path) -> Path:
         trainer.append({"step": step, "time": end + TRAIN_S, "time/train": TRAIN_S,
                         "time/publish_weights": PUBLISH_S})  # fmt: skip
         for i, seconds in enumerate(LATENCIES):
-            episodes.append({"time": end - 0.1 * i, "status": "ok", "seconds": seconds, "group": step})
+            group = 2 * step + i // 2  # groups of 2: (0.4, 0.6) and (0.8, 1.2)
+            episodes.append({"time": end - 0.1 * i, "status": "ok", "seconds": seconds, "group": group})
     _write_jsonl(run / "metrics" / "orchestrator.jsonl", orch)
     _write_jsonl(run / "metrics" / "trainer.jsonl", trainer)
     _write_jsonl(run / "metrics" / "episodes.jsonl", episodes)
@@ -59,6 +60,7 @@ def test_profile_reads_the_steady_state(run_dir: Path) -> None:
     assert profile.update_time_s == pytest.approx(SYNC_S) and profile.cut_time_s == pytest.approx(CUT_S)
     assert profile.step_time_s == pytest.approx(STEP_S) and profile.engines == 1
     assert set(profile.latency_samples) == set(LATENCIES)
+    assert set(profile.latency_groups) == {LATENCIES[:2], LATENCIES[2:]}
     # warm-up steps' episodes are left out; what is left is the steady state
     assert len(profile.latency_samples) < STEPS * len(LATENCIES)
     assert profile.concurrency_per_engine >= 1
@@ -92,7 +94,8 @@ def test_predictions_respect_k_and_async_overlaps(run_dir: Path) -> None:
     assert sum(async1.staleness.values()) == pytest.approx(1.0)
     # sync waits for generation and training one after the other; async overlaps them
     assert sync.step_time_s > async1.step_time_s
-    assert sync.step_time_s >= TRAIN_S + PUBLISH_S + max(LATENCIES) * 0.9
+    # a sync step is at least training plus the slowest group's slowest episode (0.6 s or 1.2 s)
+    assert sync.step_time_s >= TRAIN_S + PUBLISH_S + LATENCIES[1]
 
 
 def test_plan_from_run_prints_the_table_and_a_recommendation(run_dir: Path) -> None:
