@@ -38,3 +38,19 @@ def test_bias_is_trained_over_finished_mean_and_warns_once(caplog: pytest.LogCap
         bias.warn_if_biased(stale_or_cancelled=10)
     (record,) = caplog.records
     assert "env a: trained episodes are 50% shorter" in record.getMessage()
+
+
+def test_cancelled_episodes_count_as_generated_with_what_they_sampled() -> None:
+    """K = 0 with a buffer of two batches: the slow (long) groups are cancelled at every cut. Counting
+    only finished episodes would show no bias at all."""
+    bias = LengthBias()
+    fast = [_group("a", [10, 10]) for _ in range(4)]
+    for g in fast:
+        bias.finished(g)
+    bias.trained(fast)
+    assert bias.bias("a") == 1.0
+    bias.cancelled("a", [25, 35, 30, 30])  # the long episodes, cut while running
+    m = bias.metrics()
+    assert m["rollout/length/cancelled/mean"] == 30.0
+    assert m["rollout/env/a/length_bias"] == pytest.approx(10 / ((80 + 120) / 12))
+    assert m["rollout/length/finished/mean"] == 10.0  # the finished population is unchanged

@@ -6,11 +6,18 @@ trained can be shorter than what the policy produces: a bias toward short answer
 shows. This module measures it.
 
     dispatcher: every finished group's ok episodes ──finished()──► per env: completion lengths
+    rollout sources: every cancelled episode        ──cancelled()─► per env: tokens sampled when cancelled
     main loop:  every cut batch's ok episodes       ──trained()───► per env: completion lengths
                                                      metrics()  ──► rollout/length_bias (+ per env), quantiles
 
-Metrics (over the lifetime of the orchestrator): `rollout/length/{finished,trained}/{mean,p50,p90}` and
-`rollout/length_bias` = mean trained length / mean finished length (1.0 = no bias), and per env
+The generated population is the finished episodes plus the cancelled ones. A cancelled episode counts with
+the tokens it had sampled when it was cancelled (the gateway waits for the aborted request's partial
+output): a lower bound of its length, so the bias shown is a lower bound of the true one. Without them
+the bias would be hidden exactly where it is largest: cancelled episodes are the ones still running when
+their group could no longer ship, the long ones.
+
+Metrics (over the lifetime of the orchestrator): `rollout/length/{finished,cancelled,trained}/{mean,p50,
+p90}` and `rollout/length_bias` = mean trained length / mean generated length (1.0 = no bias), and per env
 `rollout/env/<name>/length_bias`. The quantiles are over the newest `WINDOW` episodes of each population.
 A warning is logged when an env's bias is off 1 by more than `WARN_FRACTION` while groups were dropped
 as stale or cancelled (the cause this measures); once, and again each time it grows by another
@@ -66,6 +73,7 @@ class LengthBias:
 
     def __init__(self) -> None:
         self._finished: dict[str, _Lengths] = {}
+        self._cancelled: dict[str, _Lengths] = {}
         self._trained: dict[str, _Lengths] = {}
         self._warned_at: dict[str, float] = {}
 
@@ -73,17 +81,26 @@ class LengthBias:
         for env, lengths in _ok_lengths([group]).items():
             self._finished.setdefault(env, _Lengths()).add(lengths)
 
+    def cancelled(self, env: str, lengths: Iterable[int]) -> None:
+        """Episodes of `env` cancelled after sampling `lengths` tokens each."""
+        self._cancelled.setdefault(env, _Lengths()).add(lengths)
+
     def trained(self, groups: list[Group]) -> None:
         for env, lengths in _ok_lengths(groups).items():
             self._trained.setdefault(env, _Lengths()).add(lengths)
 
+    def generated(self, env: str | None = None) -> _Lengths:
+        """Finished and cancelled episodes together (of `env`, or of all)."""
+        finished, cancelled = self._merged(self._finished, env), self._merged(self._cancelled, env)
+        return _Lengths(total=finished.total + cancelled.total, count=finished.count + cancelled.count)
+
     def bias(self, env: str | None = None) -> float | None:
-        """Mean trained / mean finished length (of `env`, or of all); None before anything finished."""
-        finished = self._merged(self._finished, env)
+        """Mean trained / mean generated length (of `env`, or of all); None before anything finished."""
+        generated = self.generated(env)
         trained = self._merged(self._trained, env)
-        if not finished.count or not trained.count or finished.mean == 0:
+        if not generated.count or not trained.count or generated.mean == 0:
             return None
-        return trained.mean / finished.mean
+        return trained.mean / generated.mean
 
     @staticmethod
     def _merged(table: dict[str, _Lengths], env: str | None) -> _Lengths:
@@ -97,7 +114,8 @@ class LengthBias:
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, table in (("finished", self._finished), ("trained", self._trained)):
+        tables = (("finished", self._finished), ("cancelled", self._cancelled), ("trained", self._trained))
+        for name, table in tables:
             merged = self._merged(table, None)
             if merged.count:
                 p50, p90 = np.percentile(np.asarray(merged.recent), [50, 90])
@@ -106,7 +124,7 @@ class LengthBias:
                 out[f"rollout/length/{name}/p90"] = float(p90)
         if (bias := self.bias()) is not None:
             out["rollout/length_bias"] = bias
-        for env in self._finished:
+        for env in self._finished.keys() | self._cancelled.keys():
             if (bias := self.bias(env)) is not None:
                 out[f"rollout/env/{env}/length_bias"] = bias
         return out
@@ -115,7 +133,7 @@ class LengthBias:
         """Log the warning of the module docstring when it applies."""
         if not stale_or_cancelled:
             return
-        for env in self._finished:
+        for env in self._finished.keys() | self._cancelled.keys():
             bias = self.bias(env)
             if bias is None or self._trained[env].count < MIN_TRAINED:
                 continue
@@ -127,5 +145,5 @@ class LengthBias:
                     "%d episodes dropped as stale or cancelled so far): staleness control biases training "
                     "by length; a larger max_off_policy_steps or max_inflight_groups lowers it",
                     env, 100 * off, "shorter" if bias < 1 else "longer", self._trained[env].mean,
-                    self._finished[env].mean, stale_or_cancelled,
+                    self.generated(env).mean, stale_or_cancelled,
                 )  # fmt: skip

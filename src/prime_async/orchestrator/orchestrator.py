@@ -400,6 +400,10 @@ def _step_metrics(
         metrics.update(comps.teacher.window_metrics())
     if comps.carry is not None:
         metrics.update(comps.carry.metrics())
+    for name, env in comps.envs.envs.items():  # what the episodes cancelled since the last step sampled
+        if cancelled := getattr(env.source, "cancelled_lengths", None):
+            comps.length_bias.cancelled(name, cancelled)
+            cancelled.clear()
     metrics.update(comps.length_bias.metrics())
     ended = comps.groups.counts()
     comps.length_bias.warn_if_biased(stale_or_cancelled=ended["dropped_stale"] + ended["cancelled"])

@@ -137,6 +137,9 @@ def vllm_response(result: GenerateResult, rid: str) -> dict[str, Any]:
     }
 
 
+CANCEL_PARTIAL_TIMEOUT_S = 2.0  # how long a cancel waits for an aborted request's partial output
+
+
 class GatewayError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -213,18 +216,24 @@ class Gateway:
         if self.sessions.pop(key, None) is not None:
             self._free_keys.append(key)
 
-    async def cancel_session(self, key: str) -> None:
-        """Refuse further calls of the session and abort its in-flight engine requests."""
+    async def cancel_session(self, key: str, *, partial_timeout_s: float = CANCEL_PARTIAL_TIMEOUT_S) -> int:
+        """Refuse further calls of the session and abort its in-flight engine requests; wait (at most
+        `partial_timeout_s`) for their partial outputs to be recorded. The tokens the episode sampled."""
         session = self.sessions.get(key)
         if session is None:
-            return
+            return 0
         session.cancelled = True
         engine = self.engines[session.engine_index]
+        aborted = [rid for rid in list(session.inflight) if rid in self._at_engine]
         for rid in list(session.inflight):
             try:
                 await engine.abort_request(rid)
             except Exception:  # tolerated: the request may have finished or the engine be gone
                 logger.warning("abort of %s on %s failed", rid, engine.base_url, exc_info=True)
+        deadline = time.monotonic() + partial_timeout_s
+        while any(rid in session.inflight for rid in aborted) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return sum(len(call.output_ids) for call in session.calls)
 
     # --- the route --------------------------------------------------------------------------------
 

@@ -149,6 +149,8 @@ class VerifiersRolloutSource:
         self.episode_seconds = 0.0
         self._tools_in_process = env_cfg.runner == "inprocess" and env_cfg.toolsets == "inprocess"
         self._retains_http_clients = False
+        self.cancelled_lengths: list[int] = []
+        """Tokens each cancelled episode had sampled (the length bias reads and clears it)."""
         self.call_log: dict[str, list[GatewayCall]] | None = None
         """When a dict (`doctor` sets one): every episode's recorded model calls, by engine key."""
 
@@ -298,7 +300,8 @@ class VerifiersRolloutSource:
             )
         except asyncio.CancelledError:
             self.counts["cancelled"] += 1
-            await asyncio.shield(self.gateway.cancel_session(session.key))
+            sampled = await asyncio.shield(self.gateway.cancel_session(session.key))
+            self.cancelled_lengths.append(sampled)
             raise
         except Exception as e:  # tolerated: an env fault that escaped verifiers' own episode boundary
             logger.warning(
