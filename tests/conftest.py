@@ -57,6 +57,7 @@ FIRST = (
     "tests/environments/test_episodes.py",  # ~100
     "tests/trainer/test_trainer_process.py",  # ~100
     "tests/inference/test_conformance.py",  # ~80
+    "tests/doctor/test_doctor_cli.py",  # ~80 (an engine, the trainer model, a K = 0 rl run)
     "tests/orchestrator/test_integration.py",  # ~75
     "tests/orchestrator/test_deterministic.py",  # ~75
     "tests/orchestrator/test_mix_eval_rl.py",  # ~70
