@@ -19,7 +19,6 @@ model (multi-turn: three model calls per episode).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -28,37 +27,16 @@ import sys
 import time
 from pathlib import Path
 
-WORD_CHAIN = """
-max_steps = 8
-seq_len = 512
-[model]
-path = "models/tiny"
-build = "tiny"
-[wandb]
-enabled = false
-[inference.engine]
-max_running_requests = 8
-[orchestrator]
-batch_groups = 2
-group_size = 2
-max_off_policy_steps = 1
-max_buffered_groups = 4
-[orchestrator.weights]
-pause_mode = "retract"
-[orchestrator.env]
-id = "word-chain"
-config = { opponent = "script", rounds = 3 }
-[orchestrator.sampling]
-max_tokens = 24
-"""
+from prime_async.utils.monitor import read_jsonl
 
-CASES = {"demo": ("configs/echo_text/rl.toml", 10, 4), "word-chain": (None, 8, 3)}
-
-
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+# name: (config, steps, SIGTERM after this many steps, extra flags)
+CASES = {
+    "demo": ("configs/echo_text/rl.toml", 10, 4, []),
+    "word-chain": ("configs/tiny/rl_word_chain.toml", 8, 3, [
+        "--orchestrator.max_off_policy_steps", "1", "--orchestrator.max_buffered_groups", "4",
+        "--weights.pause_mode", "retract",
+    ]),
+}  # fmt: skip
 
 
 def _orchestrator_pid(out: Path) -> int | None:
@@ -75,15 +53,13 @@ def _orchestrator_pid(out: Path) -> int | None:
 
 
 def run_case(name: str, out_root: Path, timeout_s: float) -> dict[str, float]:
-    config, steps, at_step = CASES[name]
+    config, steps, at_step, extra = CASES[name]
     out = out_root / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    if config is None:
-        config = str(out / "rl.toml")
-        Path(config).write_text(WORD_CHAIN)
-    cmd = [sys.executable, "-m", "prime_async.entrypoints.rl", "@", config, "--output_dir", str(out / "run"),
-           "--max_steps", str(steps), "--wandb.enabled", "false", "--restart.max_restarts", "1",
+    cmd = [sys.executable, "-m", "prime_async.entrypoints.rl", "@", config, *extra,
+           "--output_dir", str(out / "run"), "--max_steps", str(steps), "--wandb.enabled", "false",
+           "--restart.max_restarts", "1",
            "--inference.server.port", "0", "--transport.port", "0"]  # fmt: skip
     with open(out / "rl.stderr", "w") as stderr:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -92,7 +68,7 @@ def run_case(name: str, out_root: Path, timeout_s: float) -> dict[str, float]:
         while proc.poll() is None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: rl did not finish in {timeout_s:.0f}s (see {out})")
-            rows = _rows(out / "run" / "metrics" / "orchestrator.jsonl")
+            rows = read_jsonl(out / "run" / "metrics" / "orchestrator.jsonl")
             if not sent and len(rows) >= at_step and (pid := _orchestrator_pid(out / "run")):
                 os.kill(pid, signal.SIGTERM)
                 sent = True
@@ -104,7 +80,7 @@ def run_case(name: str, out_root: Path, timeout_s: float) -> dict[str, float]:
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: rl exited {proc.returncode} (see {out}/rl.stderr)")
     resumed = [
-        m for m in _rows(out / "run" / "metrics" / "orchestrator.jsonl") if "resume/carried_tokens" in m
+        m for m in read_jsonl(out / "run" / "metrics" / "orchestrator.jsonl") if "resume/carried_tokens" in m
     ]
     if not resumed:
         raise RuntimeError(f"{name}: no resumed lifetime logged resume/* metrics (see {out})")

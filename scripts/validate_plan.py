@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from prime_async.plan.candidates import current_candidate, predict
-from prime_async.plan.profile import WARMUP_STEPS, profile_run, read_jsonl, read_profile
+from prime_async.plan.profile import WARMUP_STEPS, profile_run, read_profile
 from prime_async.plan.run import profile, run_config
+from prime_async.utils.monitor import read_jsonl
 
 CONFIGS: dict[str, tuple[list[str], int]] = {
     # name: (rl arguments, steps of the measured run)

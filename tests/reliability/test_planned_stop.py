@@ -15,40 +15,18 @@ from reliability_soak import BUCKETS, Kill, SoakRun, run_rl, trained_prompts
 from proc_helpers import read_jsonl
 
 BATCH_GROUPS = 2
-CONFIG = """
-max_steps = 8
-seq_len = 512
-[model]
-path = "models/tiny"
-build = "tiny"
-[wandb]
-enabled = false
-[inference.engine]
-max_running_requests = 8
-[orchestrator]
-batch_groups = 2
-group_size = 2
-[orchestrator.env]
-id = "word-chain"
-config = { opponent = "script", rounds = 3 }
-[orchestrator.sampling]
-max_tokens = 24
-[trainer.optim]
-lr = 1e-4
-"""
+CONFIG = Path(__file__).resolve().parents[2] / "configs/tiny/rl_word_chain.toml"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigterm_of_the_orchestrator_keeps_the_work_in_flight(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = tmp_path / "rl.toml"
-    config.write_text(CONFIG)
     steps = 8
     run = SoakRun(
         out=tmp_path / "run", steps=steps, k=1, pause_mode="retract", max_buffered_groups=4,
         kills=[Kill("orchestrator", 3, signum=signal.SIGTERM)],
     )  # fmt: skip
-    run_rl(run, model_dir=tiny_model_dir, timeout_s=800, config=config, trainer_ckpt_interval=4)
+    run_rl(run, model_dir=tiny_model_dir, timeout_s=800, config=CONFIG, trainer_ckpt_interval=4)
     logs = {p.stem: p.read_text() for p in (run.out / "logs").glob("*.log")}
     tails = "\n".join(f"--- {n}\n{t[-2500:]}" for n, t in logs.items())
     assert run.returncode == 0, f"rl exited {run.returncode}:\n{run.stderr[-3000:]}\n{tails}"

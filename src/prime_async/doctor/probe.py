@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -85,7 +86,7 @@ def longest_examples(source: Any, count: int) -> list[int]:
 
 
 async def _probe(source: Any, example_id: int, key: str, sampling: SamplingParams, seed: int | None) -> Probe:
-    seeded = SamplingParams(sampling.temperature, sampling.top_p, sampling.max_tokens, seed)
+    seeded = dataclasses.replace(sampling, seed=seed)
     out = await source.run_episode(example_id=example_id, engine_key=key, sampling=seeded)
     episodes = out if isinstance(out, list) else [out]
     return Probe(example_id, episodes, source.call_log.pop(key, []), seed)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prime_async.doctor.checks import MISMATCH_KL_LIMIT, CheckResult
 from prime_async.launcher.child_run import run_rl, without_flags
-from prime_async.plan.profile import read_jsonl
+from prime_async.utils.monitor import read_jsonl
 
 NAME = "K = 0 equals sync"
 K_FLAGS = ("--orchestrator.max_off_policy_steps", "--orchestrator.max-off-policy-steps")

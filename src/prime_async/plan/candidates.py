@@ -22,7 +22,7 @@ import math
 import statistics
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
@@ -41,13 +41,7 @@ class Candidate:
     max_inflight_groups: int
     max_buffered_groups: int
     engines: int
-    current: bool = False
-
-    def label(self) -> str:
-        return (
-            f"K={self.k} inflight={self.max_inflight_groups} buffered={self.max_buffered_groups} "
-            f"engines={self.engines}"
-        )
+    current: bool = field(default=False, compare=False)  # the config as given (not part of the setting)
 
     def flags(self) -> str:
         return (
@@ -94,15 +88,10 @@ def candidate_grid(cfg: OrchestratorConfig, ks: tuple[int, ...] = (0, 1, 2, 4)) 
             for buffered in sorted(buffers):
                 for inflight in sorted({max(1, math.ceil(buffered / 2)), buffered}):
                     cand = Candidate(k, inflight, buffered, engines)
-                    if cand not in seen and (cand.k, cand.max_inflight_groups, cand.max_buffered_groups,
-                                             cand.engines) != _key(cur):  # fmt: skip
+                    if cand not in seen:
                         seen.add(cand)
                         out.append(cand)
     return out
-
-
-def _key(c: Candidate) -> tuple[int, int, int, int]:
-    return (c.k, c.max_inflight_groups, c.max_buffered_groups, c.engines)
 
 
 def simulation_config(cfg: OrchestratorConfig, cand: Candidate, output_dir: str) -> OrchestratorConfig:
@@ -111,7 +100,7 @@ def simulation_config(cfg: OrchestratorConfig, cand: Candidate, output_dir: str)
     data.update(
         output_dir=output_dir, max_steps=SIM_STEPS, max_off_policy_steps=cand.k,
         max_inflight_groups=cand.max_inflight_groups, max_buffered_groups=cand.max_buffered_groups,
-        resume=False, teacher=None, deterministic=cfg.deterministic, max_dropped_groups_per_step=10_000,
+        resume=False, teacher=None, max_dropped_groups_per_step=10_000,
         fail_fast_groups=0,
     )  # fmt: skip
     data["ckpt"] = {**data["ckpt"], "interval": None}

@@ -12,21 +12,15 @@ waits for the whole pipeline to fill): the figures describe the steady state.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from prime_async.launcher.child_run import run_rl
+from prime_async.utils.monitor import read_jsonl
 
 WARMUP_STEPS = 3
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @dataclass(frozen=True)

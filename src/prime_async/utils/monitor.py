@@ -24,6 +24,13 @@ from prime_async.config.shared import WandbConfig
 logger = logging.getLogger(__name__)
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics JSONL file the `Monitor` wrote (none when it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
