@@ -248,11 +248,15 @@ async def run_loop(
     stalls: StallWatch | None = None,
     stop: asyncio.Event | None = None,
     delivered: Callable[[], int | None] | None = None,
+    stop_serving: Callable[[], int | None] | None = None,
 ) -> None:
     """Produce batches `start_step .. max_steps-1`, then (with `evaluator`) wait for the final eval;
     background tasks are supervised and stopped at exit; every wait is named to `stalls`. `stop` set:
     a planned stop (`planned_stop.py`) saves the run and raises PlannedStop; `delivered()`: the newest
-    batch step every trainer rank fetched (None: sent is fetched)."""
+    batch step every trainer rank fetched (None: sent is fetched); `stop_serving()`: freezes the batch
+    stream and returns the newest step fetched, in one atomic step (`BatchSender.stop_serving`): the
+    planned-stop checkpoint is taken at that step, and the trainer can fetch nothing newer from this
+    lifetime (default: `delivered`, for batch streams without a sender thread)."""
     background = [
         asyncio.create_task(comps.dispatcher.run(), name="dispatcher"),
         asyncio.create_task(comps.watcher.run(), name="weight-watcher"),
@@ -268,7 +272,7 @@ async def run_loop(
                            on_step=on_step, clock=clock, evaluator=evaluator, stalls=stalls,
                            fetched=fetched)  # fmt: skip
         except PlannedStop:
-            newest = fetched()
+            newest = (stop_serving or fetched)()
             await stop_and_save(
                 cfg.output_dir, comps, delivered=max(-1 if newest is None else newest, comps.start_step - 1),
                 undelivered=comps.undelivered, watcher_task=background[1], state=checkpoint_state,
@@ -533,7 +537,7 @@ async def _run(cfg: OrchestratorConfig) -> None:
             with _stop_on_signals() as stop:
                 await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics,
                                evaluator=evaluator, stalls=stalls, stop=stop,
-                               delivered=sender.delivered_step)  # fmt: skip
+                               delivered=sender.delivered_step, stop_serving=sender.stop_serving)  # fmt: skip
         with stalls.waiting("the final batch to be fetched", peer="the trainer"):
             await _drain_last_batch(sender, cfg)
     finally:

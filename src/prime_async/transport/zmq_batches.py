@@ -94,6 +94,7 @@ class BatchSender:
         self._pending: dict[bytes, Request] = {}  # requester identity -> request not yet servable
         self._next_needed: dict[int, int] = {}  # rank -> newest step it asked for
         self._delivered: dict[int, int] = {}  # rank -> newest step whose slice was handed to ZeroMQ
+        self._frozen_at: int | None = None  # set by `stop_serving`: no step newer than this is answered
         self._all_ready = threading.Event()
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -168,6 +169,19 @@ class BatchSender:
             if len(self._delivered) < self.num_ranks:
                 return None
             return min(self._delivered.values())
+
+    def stop_serving(self) -> int | None:
+        """Freeze the stream (a planned stop) and return the newest step any rank was sent (None: none
+        in this lifetime). Atomic with the serving thread: a slice is chosen, handed to ZeroMQ and
+        counted under the same lock, so the step returned is exactly what the trainer can have; from
+        here on no step newer than it is answered (requests for them wait: the trainer asks again, and
+        the resumed orchestrator answers). Steps up to it are still served, so a rank that has not
+        fetched it yet (or lost the answer) still gets the very batch the planned-stop checkpoint counts
+        as fetched. Idempotent: a second call returns the same step."""
+        with self._lock:
+            if self._frozen_at is None:
+                self._frozen_at = max(self._delivered.values(), default=-1)
+            return None if self._frozen_at < 0 else self._frozen_at
 
     def wait_delivered(self, step: int, timeout: float) -> bool:
         """Block until every rank was sent its slice of batch `step` (False on timeout).
@@ -262,24 +276,27 @@ class BatchSender:
                 self._all_ready.set()
 
     def _serve_pending(self) -> None:
+        """Answer the pending requests that can be answered. Under the lock from choosing a reply to
+        counting it delivered (`stop_serving` is atomic with it); a send to a ROUTER peer never blocks
+        in practice (one outstanding request per peer, far below the high-water mark)."""
         with self._lock:
-            servable = []
             for identity, req in list(self._pending.items()):
+                if self._frozen_at is not None and req.step > self._frozen_at:
+                    continue  # planned stop: the resumed orchestrator answers it
                 if req.step in self._cache:
-                    servable.append((identity, self._cache[req.step][req.rank]))
-                    self._delivered[req.rank] = max(self._delivered.get(req.rank, -1), req.step)
+                    if self._reply(identity, self._cache[req.step][req.rank]):
+                        self._delivered[req.rank] = max(self._delivered.get(req.rank, -1), req.step)
                 elif self._last_step is None or req.step > self._last_step:
                     continue  # not produced yet
                 else:
                     msg = f"batch {req.step} is no longer cached (oldest {next(iter(self._cache), None)}); "
                     msg += "raise transport.resend_window to at least the trainer's ckpt.interval"
-                    servable.append((identity, [encode_message(ErrorReply(step=req.step, message=msg))]))
+                    self._reply(identity, [encode_message(ErrorReply(step=req.step, message=msg))])
                 del self._pending[identity]
             self._evict_locked()
-        for identity, frames in servable:
-            self._reply(identity, frames)
 
-    def _reply(self, identity: bytes, frames: list) -> None:
+    def _reply(self, identity: bytes, frames: list) -> bool:
+        """Hand `frames` to ZeroMQ for `identity`; False when the ROUTER no longer knows that peer."""
         try:
             self._router.send_multipart([identity, *frames], copy=False)
         except zmq.ZMQError as exc:
@@ -287,6 +304,8 @@ class BatchSender:
                 raise
             # The requester died before its answer (e.g. a trainer being restarted); its successor will ask.
             logger.warning("trainer peer %r went away before its batch was sent", identity)
+            return False
+        return True
 
 
 ASK_AGAIN_S = 5.0
@@ -313,19 +332,26 @@ class BatchReceiver:
 
         Every `ASK_AGAIN_S` without an answer the request is sent again from a fresh socket: a request
         that reached an orchestrator which then stopped (a planned stop, restarted alone by `rl`) died
-        with it, and a fresh identity can never receive a late answer meant for the old one."""
+        with it. The previous socket stays open (and polled) for one more period: an answer the sender
+        handed to ZeroMQ just before the fresh request arrived, which it counts as fetched, still
+        arrives. Any answer is batch `step` of a lifetime that may serve it (a frozen sender serves no
+        step newer than its planned-stop checkpoint), so whichever socket answers first is right."""
         req = Request(step=step, rank=self.rank, world_size=self.world_size)
         timeout_s = self.cfg.timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout_s
+        previous: zmq.Socket | None = None
         self._sock.send(encode_message(req))
-        while not self._sock.poll(
-            timeout=int(1000 * max(0.0, min(ASK_AGAIN_S, deadline - time.monotonic())))
-        ):
+        while (answered := self._poll(self._sock, previous, deadline)) is None:
+            if previous is not None:
+                previous.close(linger=0)
+                previous = None
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"rank {self.rank}: no batch for step {step} within {timeout_s:.0f}s")
-            self._sock.close(linger=0)
-            self._sock = self._connect()
+            previous, self._sock = self._sock, self._connect()
             self._sock.send(encode_message(req))
+        if previous is not None:  # the other socket's late answer (if any) is not wanted
+            (self._sock if answered is previous else previous).close(linger=0)
+        self._sock = answered
         frames = [f.buffer for f in self._sock.recv_multipart(copy=False)]
         first = decode_message(frames[0])
         if isinstance(first, ErrorReply):
@@ -348,6 +374,17 @@ class BatchReceiver:
             metrics=dict(header.metrics),
             teacher_kl_weight=header.teacher_kl_weight,
         )
+
+    @staticmethod
+    def _poll(sock: zmq.Socket, previous: zmq.Socket | None, deadline: float) -> zmq.Socket | None:
+        """The socket (current or previous) with an answer within `ASK_AGAIN_S` (or the deadline)."""
+        poller = zmq.Poller()
+        for s in (sock, previous):
+            if s is not None:
+                poller.register(s, zmq.POLLIN)
+        wait_ms = int(1000 * max(0.0, min(ASK_AGAIN_S, deadline - time.monotonic())))
+        ready = dict(poller.poll(timeout=wait_ms))
+        return sock if sock in ready else previous if previous in ready else None
 
     def close(self) -> None:
         self._sock.close(linger=0)
