@@ -9,7 +9,8 @@ import pytest
 import zmq
 
 from prime_async.testing.synthetic import make_batch, transport_cfg
-from prime_async.transport.wire import WireError
+from prime_async.transport import zmq_batches
+from prime_async.transport.wire import WireError, encode_rank_slice
 from prime_async.transport.zmq_batches import BatchReceiver, BatchSender
 
 LAYOUT = [[[5, 7], [9]], [[4, 4, 4]]]
@@ -125,3 +126,55 @@ def test_wait_delivered_keeps_the_last_batch_alive_for_a_late_trainer() -> None:
         assert got["b"].step == 0
         assert not sender.wait_delivered(1, timeout=0.2)  # batch 1 was never asked for
         rx.close()
+
+
+def test_stop_serving_answers_nothing_newer_than_the_step_it_returns() -> None:
+    """A planned stop: the step returned is what the trainer can have; newer cached batches are never
+    answered by this sender, older ones still are (a rank that lost its answer asks again)."""
+    cfg = transport_cfg()
+    with BatchSender(cfg=cfg, num_ranks=1) as sender:
+        rx = BatchReceiver(cfg=cfg, rank=0, world_size=1)
+        sending = threading.Thread(target=lambda: [sender.send(make_batch(s, [[[6]]])) for s in range(3)])
+        sending.start()
+        assert rx.receive(0).step == 0 and rx.receive(1).step == 1
+        assert sender.stop_serving() == 1 and sender.stop_serving() == 1  # idempotent
+        sending.join(10)
+        assert sender.last_step == 2  # batch 2 is cached ...
+        with pytest.raises(TimeoutError, match="step 2"):
+            rx.receive(2, timeout=0.5)  # ... and never served by the frozen sender
+        assert sender.delivered_step() == 1
+        rx2 = BatchReceiver(cfg=cfg, rank=0, world_size=1)
+        assert rx2.receive(1).step == 1  # the fetched step still is
+        rx.close()
+        rx2.close()
+
+
+def test_stop_serving_before_any_fetch_returns_none() -> None:
+    cfg = transport_cfg()
+    with BatchSender(cfg=cfg, num_ranks=1) as sender:
+        assert sender.stop_serving() is None
+
+
+def test_an_answer_to_the_socket_the_receiver_just_replaced_still_arrives(monkeypatch) -> None:
+    """The sender answers the request of the receiver's previous socket just after the receiver asked
+    again from a fresh one (the sender counts that answer as fetched): the receiver must get it."""
+    monkeypatch.setattr(zmq_batches, "ASK_AGAIN_S", 0.2)
+    cfg = transport_cfg()
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.bind(f"tcp://{cfg.host}:{cfg.port}")
+    rx = BatchReceiver(cfg=cfg, rank=0, world_size=1)
+    got: dict[str, object] = {}
+    reader = threading.Thread(target=lambda: got.__setitem__("b", rx.receive(0, timeout=5)), daemon=True)
+    try:
+        reader.start()
+        assert router.poll(5000)
+        first = router.recv_multipart()[0]
+        assert router.poll(5000)  # the receiver asked again, from a fresh socket
+        assert router.recv_multipart()[0] != first
+        router.send_multipart([first, *encode_rank_slice(make_batch(0, [[[6]]]), 0)], copy=False)
+        reader.join(10)
+        assert "b" in got and got["b"].step == 0
+    finally:
+        rx.close()
+        router.close(linger=0)
