@@ -65,3 +65,25 @@ def test_recorded_turns_are_replayed_and_a_cut_turn_continued(engine: HFEngineCl
             assert (stats.continued_calls, stats.continued_tokens, stats.misses) == (1, 3, 1)
 
     asyncio.run(main())
+
+
+def test_a_replayed_call_that_filled_seq_len_marks_the_episode_truncated(engine: HFEngineClient) -> None:
+    """Replay must not lose what a call's end said when it was sampled: a `length` finish that filled
+    `seq_len` makes the episode overlong (audit 2026-12-04, F5), a shorter `length` finish does not."""
+
+    async def main() -> None:
+        prompt = [5, 6, 7, 8, 9]
+        async with Gateway(engines=[engine], seq_len=8) as gw:
+            before = len(engine.requests)
+            filled = gw.open_session(engine_key="g0-e0", replay=[_call(prompt, [40, 41, 42], "length")])
+            await _post(gw, _body(filled.key, prompt, max_tokens=10))
+            short = gw.open_session(engine_key="g0-e1", replay=[_call(prompt, [40], "length")])
+            await _post(gw, _body(short.key, prompt, max_tokens=1))
+            # a partial call cut exactly when its budget was used up: finished as `length` from the record
+            cut = gw.open_session(engine_key="g0-e2", replay=[_call(prompt, [40, 41, 42], "abort")])
+            await _post(gw, _body(cut.key, prompt, max_tokens=10))
+            assert len(engine.requests) == before, "every call was answered from the record"
+        assert filled.truncated and cut.truncated, (filled.calls, cut.calls)
+        assert not short.truncated and not (filled.aborted or short.aborted or cut.aborted)
+
+    asyncio.run(main())

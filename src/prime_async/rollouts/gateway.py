@@ -283,6 +283,7 @@ class Gateway:
             return await self._call_engine(session, prompt_ids, sampling, rid)
         if not replays.is_partial(call):
             stats.count_replayed(len(call.output_ids))
+            self._mark_ending(session, prompt_ids, call.finish_type, len(call.output_ids))
             session.calls.append(call)
             return replays.recorded_result(call, rid)
         kept = len(call.output_ids)
@@ -290,6 +291,7 @@ class Gateway:
         stats.count_continued(kept)
         if sampling["max_new_tokens"] <= 0:  # the budget was used up exactly when it was cut
             done = dataclasses.replace(call, finish_type="length")
+            self._mark_ending(session, prompt_ids, done.finish_type, len(done.output_ids))
             session.calls.append(done)
             return replays.recorded_result(done, rid)
         more = await self._call_engine(session, [*prompt_ids, *call.output_ids], sampling, rid, record=False)
@@ -332,11 +334,16 @@ class Gateway:
             self._record(session, prompt_ids, result)
         return result
 
-    def _record(self, session: GatewaySession, prompt_ids: list[int], result: GenerateResult) -> None:
-        if result.finish_type == "abort":
+    def _mark_ending(self, session: GatewaySession, prompt_ids: list[int], finish: str, n_out: int) -> None:
+        """What a call's end says about its episode, the same for a sampled call and a replayed one: an
+        abort marks it aborted, a `length` finish that filled `seq_len` marks it truncated (overlong)."""
+        if finish == "abort":
             session.aborted = True
-        if result.finish_type == "length" and len(prompt_ids) + len(result.output_ids) >= self.seq_len:
+        if finish == "length" and len(prompt_ids) + n_out >= self.seq_len:
             session.truncated = True
+
+    def _record(self, session: GatewaySession, prompt_ids: list[int], result: GenerateResult) -> None:
+        self._mark_ending(session, prompt_ids, result.finish_type, len(result.output_ids))
         versions = result.token_versions or [result.weight_version] * len(result.output_ids)
         session.calls.append(
             GatewayCall(
