@@ -83,3 +83,48 @@ def test_report_lists_the_fix_of_each_failure() -> None:
     text = render(rows)
     assert "FAIL" in text and "pass" in text and "fix [env-a] engine vs trainer logprobs" in text
     assert text.endswith("doctor: 1 check(s) failed")
+
+
+def _k0_rows(num_steps: int, distance: float, **trainer_extra: float) -> tuple[list[dict], list[dict]]:
+    """Metric rows of a 3-step K = 0 run as `rl` logs them (the audit's S = 2 run: distance 1 by design,
+    whole-batch mismatch_kl 4.8e-4 with lr 1e-4, the on-policy part at the engine/trainer mismatch)."""
+    orch = [{"step": s, "rollout/data_staleness/max": 0.0, "rollout/buffer/dropped_stale": 0.0,
+             "ledger/cancelled": 0.0} for s in range(3)]  # fmt: skip
+    trainer = [
+        {"step": s, "optim/num_steps": float(num_steps), "offpolicy/effective_steps/max": distance,
+         "mismatch_kl": 4.8e-4, "mismatch_kl/on_policy": 2e-9, "offpolicy/on_policy_tokens": 120.0,
+         "offpolicy/unknown_version_tokens": 0.0, **trainer_extra}
+        for s in range(3)
+    ]  # fmt: skip
+    return orch, trainer
+
+
+def test_k0_passes_two_steps_per_batch_and_fails_a_real_violation() -> None:
+    orch, trainer = _k0_rows(num_steps=2, distance=1.0)
+    result = k0_check(orch, trainer, 3)
+    assert result.passed is True, result
+    assert "distance <= 1" in result.detail
+    # S = 2, a token of version n - 1 in the first mini-batch: (n - (n - 1)) * 2 + 0 = 2 > S - 1
+    result = k0_check(*_k0_rows(num_steps=2, distance=2.0), 3)
+    assert result.passed is False and "[0, 1, 2]" in result.detail and "report it" in result.fix
+    # S = 1: distance 1 is a token of the previous version
+    assert k0_check(*_k0_rows(num_steps=1, distance=1.0), 3).passed is False
+
+
+def test_k0_judges_the_mismatch_on_tokens_trained_by_the_weights_that_sampled_them() -> None:
+    orch, trainer = _k0_rows(num_steps=2, distance=1.0, mismatch_kl=5e-3)  # the update moved the 2nd half
+    assert k0_check(orch, trainer, 3).passed is True
+    orch, trainer = _k0_rows(num_steps=2, distance=1.0, **{"mismatch_kl/on_policy": 2e-3})
+    result = k0_check(orch, trainer, 3)
+    assert result.passed is False and "2.00e-03" in result.detail
+
+
+def test_k0_reports_unknown_versions_and_stale_drops() -> None:
+    orch, trainer = _k0_rows(num_steps=1, distance=0.0, **{"offpolicy/unknown_version_tokens": 7.0})
+    result = k0_check(orch, trainer, 3)
+    assert result.passed is False and "21 trained tokens carry no engine version" in result.detail  # 7 a step
+    assert "round-trip" in result.fix
+    orch, trainer = _k0_rows(num_steps=1, distance=0.0)
+    orch[1]["rollout/buffer/dropped_stale"] = 2.0  # the sink hid them: data_staleness/max stays 0
+    result = k0_check(orch, trainer, 3)
+    assert result.passed is False and "2 groups dropped as stale (steps [1])" in result.detail

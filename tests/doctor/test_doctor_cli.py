@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from prime_async.doctor.sync_run import run_k0
+from prime_async.utils.monitor import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[2]
 BROKEN_REWARD = Path(__file__).parent / "random_reward.py"
 
@@ -66,3 +69,25 @@ def test_doctor_flags_a_random_reward_and_a_short_seq_len(tiny_model_dir: Path, 
     assert "fix [reverse-text] same seed, same reward: make the reward a function of the task" in proc.stdout
     assert "raise seq_len to >=" in proc.stdout
     assert proc.stdout.rstrip().endswith("doctor: 2 check(s) failed")
+
+
+@pytest.mark.timeout(500)
+def test_k0_check_passes_two_optimizer_steps_per_batch(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review's F3 run: K = 0 with `optim.num_steps_per_batch = 2` trains the second mini-batch one
+    optimizer step after its tokens were sampled, by design; the check passes it (it used to FAIL it as a
+    scheduler bug), and the trainer's rows show why: distance 1 at every step, none of unknown version."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.chdir(ROOT)
+    argv = [
+        "@", str(ROOT / "configs/tiny/rl.toml"), "--model.path", str(tiny_model_dir),
+        "--orchestrator.batch-groups", "8", "--orchestrator.max-buffered-groups", "8",
+        "--trainer.optim.num-steps-per-batch", "2",
+    ]  # fmt: skip
+    result = run_k0(argv, tmp_path / "k0s2", steps=3, timeout_s=400)
+    trainer = read_jsonl(tmp_path / "k0s2" / "metrics" / "trainer.jsonl")
+    assert [(m["optim/num_steps"], m["offpolicy/effective_steps/max"]) for m in trainer] == [(2, 1)] * 3
+    assert all(m["offpolicy/unknown_version_tokens"] == 0 < m["offpolicy/on_policy_tokens"] for m in trainer)
+    assert result.passed is True, result

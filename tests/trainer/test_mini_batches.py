@@ -114,3 +114,20 @@ def test_more_steps_than_micro_batches_skips_the_empty_ones(tiny_model_dir: Path
     assert metrics["optim/num_steps"] == 2  # chunks [r0], [r1], [] -> two optimizer steps
     assert metrics["offpolicy/effective_steps/max"] == 1 * 3 + 1  # row 1 (version 1), after one step
     assert all(np.isfinite(v) for v in metrics.values())
+
+
+def test_on_policy_kl_and_unknown_versions_at_k0(tiny_model_dir: Path) -> None:
+    """K = 0, S = 2: every row sampled by the batch's version; row 1's loss tokens carry no version.
+    Only row 0 is trained by the weights that sampled it (first mini-batch, version known), so
+    `mismatch_kl/on_policy` is exactly row 0's KL before any update; row 1 is counted as unknown."""
+    step = 3
+    mbs = _rows([[20, 12], [16], [10, 9], [14]], step)
+    for i, mb in enumerate(mbs):
+        mb.token_versions = np.where(mb.loss_mask, -1 if i == 1 else step, -1).astype(np.int32)
+    metrics = _backend(tiny_model_dir, 2).train_rank_batch(_rank_batch(mbs, step, min_dispatch_version=step))
+    row0 = _backend(tiny_model_dir, 1).train_rank_batch(_rank_batch(mbs[:1], step, step))
+    assert metrics["offpolicy/effective_steps/max"] == 1  # the second mini-batch, by design
+    assert metrics["offpolicy/on_policy_tokens"] == mbs[0].num_loss_tokens
+    assert metrics["offpolicy/unknown_version_tokens"] == mbs[1].num_loss_tokens
+    assert metrics["mismatch_kl/on_policy"] == pytest.approx(row0["mismatch_kl"], rel=1e-6)
+    assert metrics["mismatch_kl/on_policy"] != pytest.approx(metrics["mismatch_kl"], rel=1e-3)

@@ -89,6 +89,7 @@ def row_loss(
     loss_fn: LossFn,
     num_loss_tokens: int,
     effective_steps: np.ndarray | None = None,
+    unknown_version: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, TokenStats]:
     """The row's share of the (mini-)batch loss (differentiable) and its token statistics."""
     out = loss_fn(
@@ -100,7 +101,7 @@ def row_loss(
         sample_ids=row.sample_idx,
     )
     sampler_logp = torch.where(row.mask, row.sampler_logp, logp.detach())
-    stats = TokenStats.of(logp, sampler_logp, row.mask, out.masked, entropy, effective_steps)
+    stats = TokenStats.of(logp, sampler_logp, row.mask, out.masked, entropy, effective_steps, unknown_version)
     return out.loss, stats
 
 
@@ -124,7 +125,7 @@ def micro_batch_pass(
         logp, entropy = packed_logprobs(model, row.ids, row.pos, temperature, loss_mask=row.mask)
         loss, stats = row_loss(
             row, logp, entropy, loss_fn=loss_fn, num_loss_tokens=num_loss_tokens,
-            effective_steps=effective_steps,
+            effective_steps=effective_steps, unknown_version=mb.token_versions < 0,
         )  # fmt: skip
         (loss * grad_scale).backward()
     return float(loss.detach()), stats

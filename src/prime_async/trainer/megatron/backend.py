@@ -216,6 +216,7 @@ class MegatronBackend:
             out.masked.cpu(),
             entropy.cpu(),
             effective_steps,
+            mb.token_versions < 0,
         )
         one = torch.ones((), dtype=torch.int, device=self.device)
         loss_sum = out.loss.detach() * num_loss_tokens  # the token sum: mini-batches are summed by it
