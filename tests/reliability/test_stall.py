@@ -3,7 +3,9 @@ one waiting on it, within that deadline, as one ERROR line plus output_dir/stall
 whom; after SIGCONT the run completes (restarts on, nothing left running).
 
 One `rl` run on the tiny config stops inference, then the trainer, then the orchestrator, each once a few
-steps were logged and only after the previous stall was over."""
+steps were logged and only after the previous stall was over. The unit tests below drive a real
+`StallWatch` (its thread, its files): a resolution keeps the wait as it was reported and appends how it
+ended, even when the peer's name changed meanwhile or the wait ended while its report was being written."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from pathlib import Path
 import pytest
 from reliability_soak import ROOT, _component_pid
 
+from prime_async.utils import stall
+from prime_async.utils.stall import StallWatch
 from proc_helpers import free_port, read_jsonl
 
 DEADLINE_S = 3.0
@@ -100,3 +104,96 @@ def test_each_stopped_component_is_reported_within_the_deadline(tiny_model_dir: 
         assert "stall: " in logs[stop.reporter] and "ERROR" in logs[stop.reporter]
     assert any(r["resolved_after_s"] is not None for r in reports), "no stall was reported over"
     print("\n".join(lines))
+
+
+def _until(cond, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def fast_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stall, "CHECK_INTERVAL_S", 0.02)
+
+
+def test_resolution_keeps_the_reported_wait(
+    tmp_path: Path, fast_watch: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SIGSTOPped-trainer case: reported as waiting on the trainer; by its end the peer callable
+    names the engines (the new version is loading). The record and the "stall over" line keep the
+    trainer; the resolution says what ended it and whom it waited on by then."""
+    peer = ["the trainer: batch 10 needs weights v9 or newer, the engines serve v8"]
+    steps = iter(range(100))
+    watch = StallWatch("orchestrator", tmp_path, 0.1, describe=lambda: {"call": next(steps)}).start()
+    try:
+        logged = caplog.at_level("INFO", logger="prime_async.utils.stall")
+        with logged, watch.waiting("the groups of batch 10", peer=lambda: peer[0]):
+            _until(lambda: (tmp_path / "stall.json").exists())
+            peer[0] = "the inference engines: weights v9 are published, the engines still serve v8"
+    finally:
+        watch.stop()
+    record = json.loads((tmp_path / "stall.json").read_text())
+    assert record["waits_on"].startswith("the trainer: batch 10") and record["state"] == {"call": 0}
+    assert record["waited_s"] < record["resolved_after_s"] == record["resolution"]["after_s"]
+    assert record["resolution"]["ended_by"] == "the wait returned"
+    assert record["resolution"]["waits_on_at_end"].startswith("the inference engines")
+    assert record["resolution"]["state_at_end"] == {"call": 1}
+    assert json.loads((tmp_path / "stall-orchestrator.json").read_text()) == record
+    reported, resolved = read_jsonl(tmp_path / "stalls.jsonl")
+    assert reported["resolved_after_s"] is None and {**reported, "resolved_after_s": None} == {
+        k: v for k, v in {**resolved, "resolved_after_s": None}.items() if k != "resolution"
+    }
+    over = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stall over")]
+    assert len(over) == 1 and "on the trainer: batch 10" in over[0], over
+    assert "by then it waited on the inference engines" in over[0]
+
+
+def test_resolution_of_a_failed_wait_leaves_a_newer_stall_in_place(tmp_path: Path, fast_watch: None) -> None:
+    """A wait that ends by an exception says so; `stall.json` meanwhile holds another component's newer
+    report, which the resolution leaves in place (it goes to stall-<component>.json and stalls.jsonl)."""
+    watch = StallWatch("trainer", tmp_path, 0.1).start()
+    other = StallWatch("orchestrator", tmp_path, 0.1).start()
+    try:
+        with pytest.raises(TimeoutError), watch.waiting("batch 4", peer="the orchestrator"):
+            _until(lambda: (tmp_path / "stall-trainer.json").exists())
+            with other.waiting("batch 4 to be fetched", peer="the trainer"):
+                _until(lambda: (tmp_path / "stall-orchestrator.json").exists())
+            raise TimeoutError("no batch 4 in 600 s")
+    finally:
+        watch.stop()
+        other.stop()
+    newest = json.loads((tmp_path / "stall.json").read_text())
+    assert newest["component"] == "orchestrator"
+    mine = json.loads((tmp_path / "stall-trainer.json").read_text())
+    assert mine["waits_on"] == "the orchestrator" and mine["for"] == "batch 4"
+    assert mine["resolution"]["ended_by"] == "TimeoutError: no batch 4 in 600 s"
+    assert "waits_on_at_end" in mine["resolution"]
+
+
+def test_a_wait_that_ends_while_its_report_is_written_is_resolved_once(
+    tmp_path: Path, fast_watch: None
+) -> None:
+    """The watchdog is still writing the report (a slow `describe`) when the wait ends: the watchdog
+    resolves it after writing the report, never before, and only once."""
+    calls = []
+
+    def slow_describe() -> dict:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            time.sleep(0.4)
+        return {"call": len(calls)}
+
+    watch = StallWatch("trainer", tmp_path, 0.1, describe=slow_describe).start()
+    try:
+        with watch.waiting("weights v3 to be written", peer="the weight writer"):
+            _until(lambda: calls)
+        _until(lambda: len(read_jsonl(tmp_path / "stalls.jsonl")) >= 2)
+        time.sleep(0.2)
+    finally:
+        watch.stop()
+    rows = read_jsonl(tmp_path / "stalls.jsonl")
+    assert [r["resolved_after_s"] is None for r in rows] == [True, False]
+    assert rows[1]["state"] == {"call": 1} and rows[1]["resolution"]["state_at_end"] == {"call": 2}
+    assert json.loads((tmp_path / "stall.json").read_text()) == rows[1]

@@ -4,16 +4,22 @@
     watchdog thread: a wait older than `stall_after_s` ──► one ERROR line + output_dir/stall.json
                      (who waits on whom: component, what, peer, since when, and the component's own
                      state from `describe()`: step, version, pending requests per engine, when each
-                     peer was last heard from); when the wait ends, an INFO line and `resolved_after_s`
+                     peer was last heard from); when the wait ends, an INFO line naming the wait as
+                     reported, and the same record with its `resolution` appended (when, after how
+                     long, what ended it, whom it waited on by then and the state then)
 
 Used by the orchestrator (batch wait, batch delivery, weight updates, eval, final drain) and the trainer
 (batch wait, weight writes and transfers). The watchdog is a thread, so a blocked event loop is reported
 too.
 
 Invariants: reporting never changes what the run does (the waits keep their own timeouts, the restart
-policy decides failure); each wait is reported at most once (and once more when it ends);
+policy decides failure); each wait is reported at most once (and resolved once when it ends, by whichever
+of the wait and the watchdog finishes last); a resolution keeps every reported field as reported (a
+peer named by a callable can name someone else by the end: that goes to `resolution.waits_on_at_end`);
 `stall.json` is written atomically (temp file + rename) and holds the newest report of any component,
-`stall-<component>.json` each one's newest, `stalls.jsonl` every report of the run.
+`stall-<component>.json` each one's newest, `stalls.jsonl` every report and resolution of the run; a
+resolution rewrites `stall.json` / `stall-<component>.json` only while they still hold its own report
+(`wait_id`), so it never hides a newer stall (best effort between processes: read, then replace).
 """
 
 from __future__ import annotations
@@ -43,7 +49,10 @@ class Wait:
     peer: str | Callable[[], str]  # a callable is asked at report time (the peer can change meanwhile)
     since: float  # time.monotonic()
     started_at: float  # time.time()
-    reported: bool = False
+    key: int = -1
+    reported: bool = False  # the watchdog took it (its record may still be being written)
+    record: dict[str, Any] | None = None  # the report as written
+    ended: dict[str, Any] | None = None  # the wait's end: at (time.time()), after_s, ended_by, waits_on
 
 
 @dataclass
@@ -64,20 +73,29 @@ class StallWatch:
     @contextlib.contextmanager
     def waiting(self, what: str, *, peer: str | Callable[[], str]) -> Iterator[None]:
         """Register a wait of this component on `peer` for the duration of the block."""
-        key = next(self._ids)
+        wait = Wait(what, peer, time.monotonic(), time.time(), next(self._ids))
         with self._lock:
-            self._waits[key] = Wait(what, peer, time.monotonic(), time.time())
+            self._waits[wait.key] = wait
+        ended_by = "the wait returned"
         try:
             yield
+        except BaseException as e:
+            ended_by = f"{type(e).__name__}: {e}"[:300]
+            raise
         finally:
+            ended = {
+                "at": time.time(),
+                "after_s": round(time.monotonic() - wait.since, 3),
+                "ended_by": ended_by,
+            }
+            if wait.reported:  # whom a changing peer names now (the record keeps whom it named then)
+                ended["waits_on_at_end"] = _name(peer)
             with self._lock:
-                wait = self._waits.pop(key)
-            if wait.reported:
-                took = time.monotonic() - wait.since
-                logger.info(
-                    "stall over: %s waited %.1f s on %s for %s", self.component, took, _name(peer), what
-                )
-                self._write(wait, resolved_after_s=took)
+                self._waits.pop(wait.key)
+                wait.ended = ended
+                resolve = wait.record is not None  # else the watchdog is writing it and resolves it then
+            if resolve:
+                self._resolve(wait)
 
     def start(self) -> StallWatch:
         self._thread = threading.Thread(target=self._watch, name=f"stall-watch-{self.component}", daemon=True)
@@ -103,29 +121,72 @@ class StallWatch:
 
     def _report(self, wait: Wait, waited: float) -> None:
         self.num_stalls += 1
+        record = self._record(wait)
         logger.error(
             "stall: %s has waited %.0f s (log.stall_after_s = %.0f) on %s for %s; details in %s",
-            self.component, waited, self.stall_after_s, _name(wait.peer), wait.what,
+            self.component, waited, self.stall_after_s, record["waits_on"], wait.what,
             self.output_dir / "stall.json",
         )  # fmt: skip
-        self._write(wait)
+        self._write(record)
+        with self._lock:
+            wait.record = record
+            resolve = wait.ended is not None  # the wait ended while this report was written
+        if resolve:
+            self._resolve(wait)
 
-    def _write(self, wait: Wait, *, resolved_after_s: float | None = None) -> None:
-        try:
-            state = self.describe()
-        except Exception as e:  # tolerated: a report without the component's state is still a report
-            state = {"describe_error": f"{type(e).__name__}: {e}"}
-        report = {
+    def _record(self, wait: Wait) -> dict[str, Any]:
+        """The report of `wait` now: who waits on whom for what, since when, and this component's state."""
+        return {
             "component": self.component, "waits_on": _name(wait.peer), "for": wait.what,
             "since": wait.started_at, "waited_s": round(time.monotonic() - wait.since, 3),
-            "stall_after_s": self.stall_after_s, "resolved_after_s": resolved_after_s,
-            "pid": os.getpid(), "state": state,
+            "stall_after_s": self.stall_after_s, "resolved_after_s": None,
+            "wait_id": f"{self.component}:{os.getpid()}:{wait.key}", "pid": os.getpid(),
+            "state": self._state(),
         }  # fmt: skip
-        text = json.dumps(report, indent=2, default=str)
+
+    def _resolve(self, wait: Wait) -> None:
+        """The INFO line and the reported record with its resolution appended (module invariants)."""
+        assert wait.record is not None and wait.ended is not None
+        record, ended = wait.record, {**wait.ended, "state_at_end": self._state()}
+        logger.info(
+            "stall over: %s waited %.1f s on %s for %s (reported after %.0f s; ended by: %s%s)",
+            self.component, ended["after_s"], record["waits_on"], record["for"], record["waited_s"],
+            ended["ended_by"], _changed_peer(record["waits_on"], ended.get("waits_on_at_end")),
+        )  # fmt: skip
+        resolved = {**record, "resolved_after_s": ended["after_s"], "resolution": ended}
+        text = json.dumps(resolved, indent=2, default=str)
+        for name in ("stall.json", f"stall-{self.component}.json"):
+            if _holds(self.output_dir / name, record["wait_id"]):
+                _write_atomic(self.output_dir / name, text)
+        self._append(resolved)
+
+    def _state(self) -> dict[str, Any]:
+        try:
+            return self.describe()
+        except Exception as e:  # tolerated: a report without the component's state is still a report
+            return {"describe_error": f"{type(e).__name__}: {e}"}
+
+    def _write(self, record: dict[str, Any]) -> None:
+        text = json.dumps(record, indent=2, default=str)
         for name in ("stall.json", f"stall-{self.component}.json"):
             _write_atomic(self.output_dir / name, text)
+        self._append(record)
+
+    def _append(self, record: dict[str, Any]) -> None:
         with contextlib.suppress(OSError), (self.output_dir / "stalls.jsonl").open("a") as f:
-            f.write(json.dumps(report, default=str) + "\n")  # one short append: atomic between processes
+            f.write(json.dumps(record, default=str) + "\n")  # one short append: atomic between processes
+
+
+def _changed_peer(reported: str, at_end: str | None) -> str:
+    return "" if at_end is None or at_end == reported else f"; by then it waited on {at_end}"
+
+
+def _holds(path: Path, wait_id: str) -> bool:
+    """`path` holds the report of `wait_id` (a missing or unreadable file holds none)."""
+    try:
+        return json.loads(path.read_text()).get("wait_id") == wait_id
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _name(peer: str | Callable[[], str]) -> str:
