@@ -19,8 +19,9 @@ dispatcher, the sink (`DeterministicSink`) and the watcher (version by version, 
 
 Construction order has no cycle: env mix -> group table -> admission, sink -> dispatcher -> watcher;
 every component that needs to know where a group is reads the one group table.
-A planned stop (SIGTERM / SIGINT once the loop runs) freezes generation and checkpoints everything
-generated, in flight included (`planned_stop.py`); a resume carries that work over (`carry.py`).
+A planned stop (SIGTERM / SIGINT; one during start-up is taken when the loop starts) freezes generation
+and checkpoints everything generated, in flight included (`planned_stop.py`); a resume carries that work
+over (`carry.py`).
 Background tasks (dispatcher, weight watcher, in-run eval) are supervised: a failure of any ends the main
 loop with that exception; shutdown cancels them with a timeout. With an eval configured, the loop holds
 admission after the last batch (no new training group) and waits for the final version's eval
@@ -34,8 +35,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from signal import SIGINT, SIGTERM
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
@@ -55,7 +55,12 @@ from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.length_bias import LengthBias
 from prime_async.orchestrator.metrics import batch_metrics
-from prime_async.orchestrator.planned_stop import EXIT_PLANNED_STOP, PlannedStop, stop_and_save
+from prime_async.orchestrator.planned_stop import (
+    EXIT_PLANNED_STOP,
+    PlannedStop,
+    stop_and_save,
+    stop_on_signals,
+)
 from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.teacher import TeacherScorer
 from prime_async.orchestrator.train_sink import build_train_sink
@@ -459,7 +464,7 @@ def _console_line(step: int, m: dict[str, float]) -> str:
 
 def run(cfg: OrchestratorConfig) -> None:
     """Production entry: HTTP engines, verifiers rollout source, ZMQ batch sender, Monitor. A planned
-    stop (SIGTERM/SIGINT while the loop runs) exits with EXIT_PLANNED_STOP after saving the run."""
+    stop (SIGTERM/SIGINT) exits with EXIT_PLANNED_STOP after saving the run."""
     try:
         asyncio.run(_run(cfg))
     except PlannedStop:
@@ -468,6 +473,13 @@ def run(cfg: OrchestratorConfig) -> None:
 
 
 async def _run(cfg: OrchestratorConfig) -> None:
+    """One lifetime of the orchestrator. SIGTERM/SIGINT are handled from its first line to its last (and
+    ignored after it, `planned_stop.stop_on_signals`): a signal never ends the process by default."""
+    with stop_on_signals() as stop:
+        await _run_lifetime(cfg, stop)
+
+
+async def _run_lifetime(cfg: OrchestratorConfig, stop: asyncio.Event) -> None:
     from prime_async.inference.client import engine_clients
     from prime_async.orchestrator import wiring
     from prime_async.transport.zmq_batches import BatchSender
@@ -534,10 +546,10 @@ async def _run(cfg: OrchestratorConfig) -> None:
             evaluator = await wiring.start_in_run_eval(
                 cfg, comps.watcher, engines=engines, monitor=monitor, stack=stack
             )
-            with _stop_on_signals() as stop:
-                await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics,
-                               evaluator=evaluator, stalls=stalls, stop=stop,
-                               delivered=sender.delivered_step, stop_serving=sender.stop_serving)  # fmt: skip
+            # a signal during start-up set `stop` already: the loop takes the planned stop at once
+            await run_loop(cfg, comps, send_batch=send_batch, log_metrics=log_metrics,
+                           evaluator=evaluator, stalls=stalls, stop=stop,
+                           delivered=sender.delivered_step, stop_serving=sender.stop_serving)  # fmt: skip
         with stalls.waiting("the final batch to be fetched", peer="the trainer"):
             await _drain_last_batch(sender, cfg)
     finally:
@@ -546,19 +558,6 @@ async def _run(cfg: OrchestratorConfig) -> None:
         sender.close()
         monitor.close()
         await asyncio.gather(*(e.aclose() for e in engines), return_exceptions=True)
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[asyncio.Event]:
-    """An event set by SIGTERM or SIGINT while the main loop runs (before it, they end the process)."""
-    loop, stop = asyncio.get_running_loop(), asyncio.Event()
-    for signum in (SIGTERM, SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        yield stop
-    finally:
-        for signum in (SIGTERM, SIGINT):
-            loop.remove_signal_handler(signum)
 
 
 async def _drain_last_batch(sender: BatchSender, cfg: OrchestratorConfig) -> None:

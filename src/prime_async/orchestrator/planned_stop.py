@@ -20,7 +20,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,42 @@ FREEZE_TIMEOUT_S = 5.0
 
 class PlannedStop(Exception):
     """The orchestrator was asked to stop (signal) and saved its state: exit with EXIT_PLANNED_STOP."""
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[asyncio.Event]:
+    """An event set by the first SIGTERM or SIGINT, for the whole lifetime of the orchestrator's loop.
+
+    Before the main loop (start-up) the stop is taken as soon as the loop starts; while it runs it is the
+    planned stop; after it (teardown, waiting for the trainer to fetch the final batch) the run is ending
+    anyway. A repeated signal is logged and ignored, and after the handlers are removed the signals stay
+    ignored until the process exits: the default action would kill the process (-15), which `rl` takes
+    for a crash and answers with a rollback instead of the restart of a planned stop
+    (`launcher/restart.py`). `rl`'s own stop ends a process that does not exit with SIGKILL."""
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if stop.is_set():
+            logger.warning("%s again: the orchestrator is already stopping (ignored)", signum.name)
+            return
+        logger.warning("%s: the orchestrator stops as planned (a repeated signal is ignored)", signum.name)
+        stop.set()
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        yield stop
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, _ignore_while_exiting)
+
+
+def _ignore_while_exiting(signum: int, frame: object) -> None:
+    logger.warning("%s: the orchestrator is exiting (ignored)", signal.Signals(signum).name)
 
 
 async def stop_and_save(
