@@ -85,3 +85,9 @@ def test_router_replay_is_copied_everywhere_and_refused_where_it_cannot_hold(tmp
     config = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
     (dense / "config.json").write_text(json.dumps(config))
     assert "(qwen3, dense)" in rl_error(["--model.path", str(dense), "--router-replay", "true"])
+
+
+def test_lora_with_restarts_is_refused_with_something_the_user_can_do() -> None:
+    error = rl_error([*LORA, "--restart.max-restarts", "1"])
+    assert "set restart.max_restarts = 0" in error and "planned stop" in error
+    assert "--resume" not in error, "rl has no --resume: the refusal must not point to it"

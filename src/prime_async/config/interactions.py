@@ -143,7 +143,8 @@ def _check_lora(cfg: RLConfig) -> None:
     if cfg.restart.max_restarts > 0:
         raise ValueError(
             "restart.max_restarts > 0 with lora: restarting a component does not reload adapters yet; "
-            "set restart.max_restarts = 0 (resume the whole run with --resume instead)"
+            "set restart.max_restarts = 0 (with lora, a component that dies or a planned stop of the "
+            "orchestrator ends the run: `rl` cannot resume a run)"
         )
     if cfg.weights.transport == "distributed":
         raise ValueError(
