@@ -184,3 +184,31 @@ def test_word_chain_scoring_and_deterministic_infinite_data() -> None:
     assert a == list(itertools.islice(make_letters(3), 50)) and a != list(
         itertools.islice(make_letters(4), 50)
     )
+
+
+def test_seat_without_a_turn_is_idle_not_an_error(
+    engine: HFEngineClient, tokenizer: Any, tiny_model_dir: Path
+) -> None:
+    """`forfeit`: `first` opens with a move that does not parse, so `second` never acts. `first`'s
+    trajectory trains as usual; `second`'s is idle (no model call, no token), not an error."""
+    from word_chain import word_score
+
+    async def body(source: VerifiersRolloutSource) -> Any:
+        forced = force_word(engine, tokenizer, "42")  # not a word: first forfeits
+        calls = len(engine.outputs)
+        result = await source.run_episode(example_id=1, engine_key="0", sampling=SAMPLING)
+        return result, forced, len(engine.outputs) - calls, source.metrics()
+
+    env_cfg = EnvConfig(id="word-chain", config={"rounds": 2, "forfeit": True})
+    episodes, forced, num_calls, metrics = run_with_source(env_cfg, [engine], tiny_model_dir, 512, body)
+    assert num_calls == 1, "the game ended at the forfeit"
+    by_seat = {e.seat: e for e in episodes}
+    first, second = by_seat["first"], by_seat["second"]
+    assert first.status == "ok", first.error
+    check_alignment(first, version=5)
+    assert [t for t, m in zip(first.token_ids, first.loss_mask, strict=True) if m] == forced
+    assert first.reward == word_score("42", "x") == 0.0
+    assert second.status == "idle" and second.error is None, second.error
+    assert second.token_ids == second.loss_mask == second.sampler_logprobs == second.token_versions == []
+    assert second.num_completion_tokens == 0 and "env_error" not in second.metrics
+    assert metrics["env/episodes/idle"] == 1.0 and "env/errors/empty_completion" not in metrics

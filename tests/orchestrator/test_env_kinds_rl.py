@@ -72,3 +72,28 @@ def test_env_kind_trains_env_server(kind: str, tiny_model_dir: Path, tmp_path: P
     env = {**KINDS[kind], "runner": "env_server"}
     proc, out = rl(tmp_path, tiny_model_dir, env, timeout=840)
     check_trained(proc, out, steps=2, seats=2 if kind == "two_seat_infinite" else 1)
+
+
+@pytest.mark.timeout(400)
+def test_a_seat_without_a_turn_trains_the_seat_that_acted(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """word-chain with `forfeit`: an opening move that does not parse as a word ends the game, so `second`
+    never acts (the tiny model's replies rarely parse). Its trajectory is idle, not an error: the run
+    finishes, `first` trains every step, and `rollout/idle_trajectories` counts the idle ones."""
+    env = {"id": "word-chain", "config": {"rounds": 1, "forfeit": True}}
+    proc, out = rl(tmp_path, tiny_model_dir, env, steps=3)
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log")))
+    assert proc.returncode == 0, f"rl exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{logs}"
+    orch = read_jsonl(out / "metrics" / "orchestrator.jsonl")
+    assert [m["step"] for m in orch] == [0, 1, 2]
+    for m in orch:
+        assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in BUCKETS)
+        assert m["rollout/trained_groups"] == 2 and "reward/seat/first/mean" in m
+    last = orch[-1]
+    idle = sum(m["rollout/idle_trajectories"] for m in orch)
+    assert idle > 0 and last["env/episodes/idle"] >= idle
+    assert last["ledger/errored"] == 0 and "env/errors/empty_completion" not in last
+    # every trained group: group_size trajectories of `first`, plus `second`'s that acted
+    assert 3 * 2 * 2 <= last["ledger/trained"] < 3 * 2 * 2 * 2
+    trainer = read_jsonl(out / "metrics" / "trainer.jsonl")
+    assert [m["step"] for m in trainer] == [0, 1, 2]
+    assert all(m["loss/num_loss_tokens"] > 0 for m in trainer)

@@ -44,6 +44,12 @@ def word_score(reply: str, letter: str) -> float:
     return 0.5 * sum(c.isalpha() for c in word) / len(word) if word else 0.0
 
 
+def is_word(reply: str) -> bool:
+    """Whether the reply parses as a move: its first token is alphabetic, at least 2 letters."""
+    word = first_word(reply)
+    return len(word) >= 2 and word.isalpha()
+
+
 def _next_letter(word: str, fallback: str) -> str:
     letters = [c for c in word if c.isalpha()]
     return letters[-1] if letters else fallback
@@ -110,6 +116,9 @@ class WordChainEnvConfig(vf.EnvConfig):
     """Words per seat."""
     opponent: Literal["seat", "script"] = "seat"
     """`seat`: both seats are played by agents; `script`: the env answers `first` from a word list."""
+    forfeit: bool = False
+    """A reply that does not parse as a word (`is_word`) forfeits: the game ends there. When `first`'s
+    opening move does not parse, `second` never acts (its trace has no model call)."""
 
 
 class WordChainEnv(vf.Env[WordChainEnvConfig]):
@@ -126,7 +135,7 @@ class WordChainEnv(vf.Env[WordChainEnvConfig]):
         ):
             segment = await first.turn()
             for turn in range(2 * self.config.rounds - 1):
-                if segment.terminated:
+                if segment.terminated or self._forfeits(segment.last_reply):
                     break
                 player = second if turn % 2 == 0 else first
                 segment = await player.turn(segment.last_reply or "(no word)")
@@ -135,7 +144,10 @@ class WordChainEnv(vf.Env[WordChainEnvConfig]):
         async with agents.first.interaction(task) as first:
             segment = await first.turn()
             for turn in range(self.config.rounds - 1):
-                if segment.terminated:
+                if segment.terminated or self._forfeits(segment.last_reply):
                     break
                 letter = _next_letter(first_word(segment.last_reply), task.data.letter)
                 segment = await first.turn(scripted_word(letter, turn))
+
+    def _forfeits(self, reply: str | None) -> bool:
+        return self.config.forfeit and not is_word(reply or "")

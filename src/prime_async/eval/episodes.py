@@ -10,6 +10,8 @@ Metrics per environment `<name>` (k = `rollouts_per_example`):
 - `eval/<name>/pass@<k>`: fraction of examples with at least one episode whose reward >= pass_threshold;
 - `eval/<name>/num_episodes`, `eval/<name>/num_errors` (status other than ok), `eval/<name>/time`
   (wall seconds of this environment's episodes);
+- `eval/<name>/num_idle`: trajectories of seats that never acted (`status="idle"`, multi-agent envs);
+  they say nothing about the policy, so they are in none of the other metrics;
 - `eval/<name>/off_version_tokens`: sampled tokens the engine reported under a version other than the
   evaluated one (0 when the version was pinned for the whole eval);
 and `eval/weight_version` = the version the eval ran at.
@@ -107,9 +109,12 @@ def env_metrics(env: EvalEnv, version: int, runs: list[tuple[int, int, list[Epis
     """`eval/<name>/...` of one environment's episodes (module docstring)."""
     rewards: list[float] = []
     passed: dict[int, bool] = {}
-    errors = off_version = 0
+    errors = off_version = idle = 0
     for example_id, _, episodes in runs:
         for ep in episodes:
+            if ep.status == "idle":
+                idle += 1
+                continue
             ok = ep.status == "ok" and ep.reward is not None
             reward = float(ep.reward) if ok else 0.0
             errors += not ok
@@ -123,6 +128,7 @@ def env_metrics(env: EvalEnv, version: int, runs: list[tuple[int, int, list[Epis
         f"{prefix}/pass@{env.rollouts_per_example}": sum(passed.values()) / max(len(passed), 1),
         f"{prefix}/num_episodes": float(len(rewards)),
         f"{prefix}/num_errors": float(errors),
+        f"{prefix}/num_idle": float(idle),
         f"{prefix}/off_version_tokens": float(off_version),
     }
 

@@ -21,6 +21,10 @@ Invariants:
 - a finished group holds every trajectory of its episodes (several per episode for a multi-agent env),
   reported with `groups.finish` before the sink sees the group; a sink that leaves it in flight fails
   `run()`;
+- idle trajectories (`status="idle"`: a seat of a multi-agent episode that never acted, no token) are
+  counted (`rollout/idle_trajectories`) and removed before the sink sees the group: the sink, per-seat
+  advantages and the packer only ever see trajectories that acted. The group table counted them at
+  `finish`, so `accept` ends them as filtered; a group left with none is dropped as filtered here;
 - every failed episode is recorded in `errors` (logged once per distinct error); a fatal error of the
   sink (dropped-groups limit) is re-raised with the most frequent episode error appended, and when
   every episode of the first `fail_fast_groups` finished groups failed, `run()` fails at once with it;
@@ -90,7 +94,7 @@ class Dispatcher:
         self.clock = clock
         self._next_group_id = 0
         self._failure: BaseException | None = None
-        self._window = {"completion_tokens": 0, "episodes": 0}
+        self._window = {"completion_tokens": 0, "episodes": 0, "idle_trajectories": 0}
         self._window_start = clock()
         self.errors = EpisodeErrors()
         self.fail_fast_groups = fail_fast_groups
@@ -154,7 +158,7 @@ class Dispatcher:
             self.episode_log.write_group(group)
         early_failure = self._check_early_failures(group)
         try:
-            self.sink.put(group)
+            self._ship(group)
         except Exception as exc:  # e.g. max_dropped_groups_per_step: nobody awaits this task
             summary = self.errors.summary()
             self._fail(RuntimeError(f"{exc}; {summary}") if summary else exc)
@@ -163,12 +167,25 @@ class Dispatcher:
         if early_failure is not None:
             self._fail(early_failure)
 
+    def _ship(self, group: Group) -> None:
+        """Hand `group` to the sink without its idle trajectories (module docstring); a group with no
+        other trajectory is filtered (nothing to train, not an error) without reaching the sink."""
+        idle = sum(ep.status == "idle" for ep in group.episodes)
+        if idle:
+            self._window["idle_trajectories"] += idle
+            group.episodes = [ep for ep in group.episodes if ep.status != "idle"]
+        if group.episodes:
+            self.sink.put(group)
+        else:
+            self.groups.drop(group, "filtered")
+
     def _check_early_failures(self, group: Group) -> EpisodesFailing | None:
         """The run's error when every episode of the first `fail_fast_groups` groups failed."""
         self._finished_groups += 1
         if self._finished_groups > self.fail_fast_groups:
             return None
-        if all(ep.status == "error" for ep in group.episodes):
+        acted = [ep for ep in group.episodes if ep.status != "idle"]
+        if acted and all(ep.status == "error" for ep in acted):
             self._failed_early_groups += 1
         if self._failed_early_groups < self.fail_fast_groups or self.fail_fast_groups == 0:
             return None
@@ -245,6 +262,7 @@ class Dispatcher:
         out = {
             "rollout/episodes": float(self._window["episodes"]),
             "rollout/tokens_per_s": self._window["completion_tokens"] / span,
+            "rollout/idle_trajectories": float(self._window["idle_trajectories"]),
         }
         self._window = dict.fromkeys(self._window, 0)
         self._window_start = now

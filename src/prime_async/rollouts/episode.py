@@ -16,6 +16,8 @@ Invariants of the returned `Episode`:
   chat-template scaffold, user turns and tool results are False;
 - `sampler_logprobs` is the engine's logprob on sampled tokens and 0.0 elsewhere; all finite;
 - `token_versions` is the engine-reported weight version on sampled tokens and -1 elsewhere;
+- `metrics["sampled_tokens"]` is what the trace's seat sampled over all its turns and branches (at least
+  the loss tokens of the trained branch, before any `seq_len` cut);
 - `truncated` is True when the episode was cut: by `seq_len` (the gateway clamps every turn to it), by a
   turn's `max_tokens` (finish reason "length"), or by a verifiers rollout limit (`Trace.is_truncated`);
 - environment faults never raise: a failed rollout, a reward that raised or is None/NaN, or an episode
@@ -24,7 +26,12 @@ Invariants of the returned `Episode`:
   its prompt does not fit `seq_len`, `model_call` for another failed call, else `empty_completion`);
   an engine abort gives `status="aborted"`;
 - an empty or whitespace final reply with sampled tokens (e.g. only the end-of-turn token) is a legal
-  action of the policy, trained with its reward like any other: it is not an error.
+  action of the policy, trained with its reward like any other: it is not an error;
+- a seat of a multi-agent episode that made no model call (a game that ended before its turn, e.g. the
+  other player forfeited) gives `status="idle"`: no token, `error` None, its reward when the env scored
+  it (None otherwise). It is not an error and is never trained (the dispatcher removes it before the
+  sink). A single-agent episode without a model call stays an error (`empty_completion`): there the
+  environment never asked the policy anything.
 """
 
 from __future__ import annotations
@@ -136,8 +143,26 @@ def build_episodes(
     for trace in trained:
         ep = Episode(example_id=example_id, seat=trace.agent.name)
         ep.metrics["num_model_calls"] = len(session.calls)
-        out.append(_trace_episode(ep, trace, vf_episode, session, seq_len))
+        if _without_turn(trace) and vf_episode.ok and trace.ok:
+            out.append(_idle(ep, trace))
+        else:
+            out.append(_trace_episode(ep, trace, vf_episode, session, seq_len))
     return out
+
+
+def _without_turn(trace: Any) -> bool:
+    """Whether the seat of `trace` never acted: no model call (failed ones included), no sampled token."""
+    return not trace.calls and not any(m for branch in trace.branches for m in branch.sampled_mask)
+
+
+def _idle(episode: Episode, trace: Any) -> Episode:
+    """The trajectory of a seat that never acted: no token, not an error, never trained."""
+    episode.status = "idle"
+    episode.seat = trace.agent.name
+    episode.metrics["num_turns"] = trace.num_turns
+    episode.metrics.update({f"env/{k}": v for k, v in trace.metrics.items() if v is not None})
+    episode.reward = None if _reward_fault(trace) else float(trace.reward)
+    return episode
 
 
 def build_episode(*, example_id: int, vf_episode: Any, session: GatewaySession, seq_len: int) -> Episode:
@@ -162,6 +187,7 @@ def _trace_episode(
         episode.token_versions, unmatched = _sampled_versions(branch, session.calls)
         episode.metrics["unmatched_version_nodes"] = unmatched
         episode.routed_experts = branch_routes(episode.token_ids, session.calls)
+    episode.metrics["sampled_tokens"] = _sampled_tokens(trace, episode)
     # session.truncated: the gateway clamped a turn at seq_len; the sink's `overlong` policy acts on it
     episode.overlong = bool(session.truncated or len(episode.token_ids) > seq_len)
     episode.truncated = bool(episode.overlong or trace.is_truncated)
@@ -183,6 +209,15 @@ def _trace_episode(
     if not all(math.isfinite(x) for x in episode.sampler_logprobs):
         return _error(episode, "rollout", "non-finite sampler logprob")
     return episode
+
+
+def _sampled_tokens(trace: Any, episode: Episode) -> int:
+    """Tokens the trace's seat sampled, every turn of every branch counted once (`Trace.nodes`' masks);
+    the length bias's unit (`orchestrator/length_bias.py`). Without nodes: the trained branch's."""
+    nodes = getattr(trace, "nodes", None)
+    if not nodes:
+        return sum(episode.loss_mask)
+    return sum(sum(node.mask) for node in nodes)
 
 
 def _no_sample_cause(trace: Any) -> tuple[str, str]:

@@ -7,7 +7,8 @@ Invariants (enforced by the code that builds them, stated here so all agree):
 - `token_ids`, `loss_mask`, `sampler_logprobs`, `token_versions` of an episode have equal length, and so
   has `routed_experts` (rows) when the run replays MoE routing;
 - an `Episode` is one trained trajectory: a multi-agent verifiers episode gives one per trained seat
-  trace, each with its `seat` name.
+  trace, each with its `seat` name;
+- an `idle` episode (a seat that never acted) has no token and `error` None.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any, Literal, Protocol
 
 from prime_async.engine_api import SamplingParams
 
-EpisodeStatus = Literal["ok", "error", "aborted", "cancelled"]
+EpisodeStatus = Literal["ok", "idle", "error", "aborted", "cancelled"]
+"""`idle`: a seat of a multi-agent episode that never acted (no model call, no token): not an error,
+never trained (`rollouts/episode.py`)."""
 
 
 @dataclass(frozen=True)
