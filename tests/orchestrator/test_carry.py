@@ -5,11 +5,17 @@ once, and the dispatcher reuses finished episodes and keeps the original dispatc
 from __future__ import annotations
 
 import json
+import random
+from pathlib import Path
 
+from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.orchestrator.carry import Carry, snapshot
+from prime_async.orchestrator.ckpt import latest_checkpoint, save_checkpoint
+from prime_async.orchestrator.orchestrator import build_components, checkpoint_state
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.gateway import GatewayCall
 from prime_async.rollouts.types import Episode, PolicySpan
+from prime_async.simulation import InMemoryBroadcasts, SimParams, SimulatedEngine, SimulatedRolloutSource
 
 
 def _episode(versions: list[int]) -> Episode:
@@ -55,3 +61,41 @@ def test_work_newer_than_the_served_version_is_cut_off() -> None:
     first, cut = got.calls[2]
     assert first.output_ids == [0, 1] and cut.output_ids == [0] and cut.finish_type == "abort"
     assert carry.discarded_tokens == 2 + 2
+
+
+def _orchestrator(out: Path, *, resume: bool):
+    """Components of a real orchestrator (simulated engine and source) on `out`."""
+    cfg = OrchestratorConfig.model_validate({
+        "output_dir": str(out), "max_steps": 8, "batch_groups": 2, "group_size": 4, "resume": resume,
+        "unused_handler": "retry", "inference": {"base_urls": ["sim://engine0"]},
+        "envs": [{"id": "reverse-text", "name": "e"}],
+    })  # fmt: skip
+    params = SimParams(num_engines=1)
+    engines = [SimulatedEngine(index=0, params=params, rng=random.Random(0))]
+    source = SimulatedRolloutSource(engines=engines, params=params, rng=random.Random(0))
+    return build_components(
+        cfg, source=source, engines=engines, broadcasts=InMemoryBroadcasts(), served_version=3
+    )
+
+
+def test_a_later_checkpoint_keeps_the_carried_work_not_taken_yet(tmp_path: Path) -> None:
+    """A resumed lifetime checkpoints (or stops as planned again) before its dispatcher reissued a carried
+    prompt: the prompt is still a retry, and its carried work must be in the new checkpoint too."""
+    first = _orchestrator(tmp_path, resume=False)
+    group = Group(group_id=7, example_id=3, dispatch_version=1, epoch=0, env=next(iter(first.envs.envs)))
+    group.finished_by_index[0] = [_episode([1, 1, 2])]
+    calls = {2: [_call([1, 1]), _call([2, 3, 3], "abort")]}
+    saved = checkpoint_state(first, [group])
+    saved["carry"] = json.loads(json.dumps(snapshot([group], 4, lambda g, i: calls.get(i, []))))
+    save_checkpoint(tmp_path, 4, saved)
+
+    resumed = _orchestrator(tmp_path, resume=True)
+    assert resumed.carry is not None and resumed.carry.num_groups == 1
+    again = json.loads(json.dumps(checkpoint_state(resumed)))  # nothing dispatched yet
+    assert again["carry"] == saved["carry"], "the carried work not taken yet must be checkpointed again"
+    save_checkpoint(tmp_path, 5, again)
+    assert latest_checkpoint(tmp_path)["carry"] == saved["carry"]
+
+    key = (group.env, group.example_id, group.epoch)
+    assert resumed.carry.take(*key) is not None  # taken: from now on it is a pending group, not carry
+    assert resumed.carry.untaken() == []

@@ -17,7 +17,9 @@ Invariants:
 - the carry of a checkpoint holds exactly the groups its data position lists as pending (issued, not
   trained), so each carried group is matched by the prompt the data source reissues first: nothing is
   trained twice and nothing is carried for a prompt that is not reissued;
-- deterministic runs carry nothing: their episodes regenerate the same tokens from their seeds.
+- deterministic runs carry nothing: their episodes regenerate the same tokens from their seeds;
+- a checkpoint taken in a resumed lifetime carries, besides its pending groups, the carried groups not
+  taken yet (`Carry.untaken`): their prompts are still queued as retries, so their work is kept too.
 """
 
 from __future__ import annotations
@@ -116,6 +118,16 @@ def snapshot(groups: Iterable[Group], group_size: int, recorded: Recorded) -> li
     return out
 
 
+def encode_carried(group: CarriedGroup) -> dict[str, Any]:
+    """A carried group in the form `snapshot` gives a pending group (a later checkpoint saves it again)."""
+    return {
+        "env": group.env, "example_id": group.example_id, "epoch": group.epoch,
+        "dispatch_version": group.dispatch_version,
+        "done": {str(i): [encode_episode(ep) for ep in eps] for i, eps in group.done.items()},
+        "calls": {str(i): [encode_call(c) for c in cs] for i, cs in group.calls.items()},
+    }  # fmt: skip
+
+
 def _cut_calls(calls: list[GatewayCall], limit: int) -> tuple[list[GatewayCall], int]:
     """The calls' prefix sampled under versions <= `limit` (the call crossing it kept as a partial one),
     and the number of sampled tokens cut off."""
@@ -189,6 +201,12 @@ class Carry:
         if not queue:
             del self._groups[(env, example_id, epoch)]
         return group
+
+    def untaken(self) -> list[dict[str, Any]]:
+        """The carried groups no prompt has taken yet, encoded for a checkpoint: their prompts are still
+        in the data source's retry queue (issued, not trained), so a checkpoint taken now must carry
+        their work again, or a second restart would lose it (the prompts alone would be regenerated)."""
+        return [encode_carried(group) for queue in self._groups.values() for group in queue]
 
     def count_reused(self, trajectories: list[Episode]) -> None:
         self.reused_finished_tokens += sum(ep.num_completion_tokens for ep in trajectories)

@@ -214,11 +214,12 @@ def _restore(cfg: OrchestratorConfig, envs: EnvMix) -> tuple[int, dict[str, Any]
 def checkpoint_state(comps: Components, pending: list[Group] | None = None) -> dict[str, Any]:
     """Every env's data position + its prompts issued but not trained (`pending`, default: buffered
     first, then in flight), the mix schedule, and the pending groups' work (`carry.py`; none in
-    deterministic runs). No await."""
+    deterministic runs) followed by the work this lifetime was handed and has not taken yet. No await."""
     pending = comps.groups.pending_groups() if pending is None else pending
     state = comps.envs.state_dict(pending=pending)
     if comps.dispatcher.schedule is None:
         state["carry"] = snapshot(pending, comps.groups.group_size, functools.partial(_recorded_calls, comps))
+        state["carry"] += comps.carry.untaken() if comps.carry is not None else []
     return state
 
 
