@@ -187,6 +187,13 @@ class TeacherConfig(BaseConfig):
     max_concurrent_requests: int = Field(4, ge=1, description="Scoring requests in flight at once.")
     timeout_s: float = Field(120.0, gt=0, description="HTTP timeout of one scoring request.")
 
+    outage_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long a teacher outage (refused/reset connection, timeout, HTTP 502/503/504) is "
+        "waited out: finished groups wait for scoring and requests are retried with backoff; past it "
+        "the run fails naming the teacher.",
+    )
     @model_validator(mode="after")
     def _check(self) -> TeacherConfig:
         if self.model is None and not self.base_urls:

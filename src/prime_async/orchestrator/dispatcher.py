@@ -25,15 +25,18 @@ Invariants:
   counted (`rollout/idle_trajectories`) and removed before the sink sees the group: the sink, per-seat
   advantages and the packer only ever see trajectories that acted. The group table counted them at
   `finish`, so `accept` ends them as filtered; a group left with none is dropped as filtered here;
-- every failed episode is recorded in `errors` (logged once per distinct error); a fatal error of the
-  sink (dropped-groups limit) is re-raised with the most frequent episode error appended, and when
-  every episode of the first `fail_fast_groups` finished groups failed, `run()` fails at once with it;
+- every failed episode is recorded in `errors` (logged once per distinct error), a teacher scoring
+  failure too (kind "teacher", recorded after scoring); a fatal error of the sink (dropped-groups
+  limit) is re-raised with the most frequent episode error appended, and when every episode of the
+  first `fail_fast_groups` finished groups failed, `run()` fails at once with it; both say "teacher"
+  instead of blaming the environment when that error is the teacher's;
   a prompt that does not fit `seq_len` (`prompt_too_long`) within those first groups fails `run()` at
   the first such episode, naming the env (a config mismatch, not bad luck);
 - with a deterministic schedule (`schedule.py`), a group's id is its schedule slot and each episode
   samples with `sampling.seed = episode_seed(run seed, env, example, epoch, index in the group)`;
 - with a teacher (on-policy distillation), a group's episodes are scored (`teacher.py`) before the group
-  is finished, so batch cuts only ever see scored groups;
+  is finished, so batch cuts only ever see scored groups; during a teacher outage the group stays in
+  flight until scored, and an outage past `teacher.outage_timeout_s` fails `run()` (TeacherUnavailable);
 - a resumed run's prompt with carried work (`carry.py`) is dispatched with the dispatch version it had:
   its finished episodes are reused as they are and its unfinished ones replay their recorded calls.
 """
@@ -53,10 +56,10 @@ from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.length_bias import LengthBias
 from prime_async.orchestrator.schedule import DeterministicSchedule
-from prime_async.orchestrator.teacher import TeacherScorer
+from prime_async.orchestrator.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.orchestrator.train_sink import Sink
 from prime_async.orchestrator.types import Group
-from prime_async.rollouts.episode_errors import EpisodeErrors, EpisodesFailing
+from prime_async.rollouts.episode_errors import TEACHER, EpisodeErrors, EpisodesFailing
 from prime_async.rollouts.seeds import episode_seed
 from prime_async.rollouts.types import Episode, PolicySpan
 
@@ -140,7 +143,9 @@ class Dispatcher:
             episodes = (self._run_episode(group, i) for i in range(self.groups.group_size))
             results = await asyncio.gather(*episodes)
             if self.teacher is not None:  # before the group is finished: the cut never waits on it
-                await self.teacher.score([ep for trajectories in results for ep in trajectories])
+                failed = await self.teacher.score([ep for trajectories in results for ep in trajectories])
+                for ep in failed:  # recorded ok when they finished: now teacher errors
+                    self.errors.record(ep)
         except asyncio.CancelledError:
             if self.groups.is_inflight(group.group_id):  # shutdown, not a cancel: nothing to account
                 raise
@@ -154,6 +159,9 @@ class Dispatcher:
         self.groups.finish(group)
         if self.length_bias is not None:
             self.length_bias.finished(group)
+            return
+        except TeacherUnavailable as exc:  # an outage past its deadline: the run fails with its one line
+            self._fail(exc)
         if self.episode_log is not None:
             self.episode_log.write_group(group)
         early_failure = self._check_early_failures(group)
@@ -171,6 +179,8 @@ class Dispatcher:
         """Hand `group` to the sink without its idle trajectories (module docstring); a group with no
         other trajectory is filtered (nothing to train, not an error) without reaching the sink."""
         idle = sum(ep.status == "idle" for ep in group.episodes)
+            if summary and self.errors.top_kind() == TEACHER:
+                summary = f"the drops are teacher failures (orchestrator.teacher): {summary}"
         if idle:
             self._window["idle_trajectories"] += idle
             group.episodes = [ep for ep in group.episodes if ep.status != "idle"]
@@ -191,8 +201,8 @@ class Dispatcher:
             return None
         return EpisodesFailing(
             f"every episode of the first {self.fail_fast_groups} groups failed "
-            f"({self.errors.total} episodes): {self.errors.summary()}; the environment cannot run as "
-            "configured (set orchestrator.fail_fast_groups = 0 to keep going anyway)"
+            f"({self.errors.total} episodes): {self.errors.summary() or 'no error message'}; {culprit} "
+            "(set orchestrator.fail_fast_groups = 0 to keep going anyway)"
         )
 
     def _fail(self, exc: BaseException) -> None:
@@ -215,6 +225,11 @@ class Dispatcher:
             self._window["completion_tokens"] += sum(ep.num_completion_tokens for ep in trajectories)
             for ep in trajectories:
                 self.errors.record(ep)
+        culprit = (
+            "the teacher cannot score these episodes as configured (orchestrator.teacher)"
+            if self.errors.top_kind() == TEACHER
+            else "the environment cannot run as configured"
+        )
                 self._check_prompt_fits(group, ep)
         return trajectories
 

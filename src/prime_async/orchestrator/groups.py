@@ -155,12 +155,13 @@ class GroupTable:
         self.changed.set()
         self._dropped_since_cut += 1
         if self._dropped_since_cut > self.max_dropped_groups_per_step:
+            hint = "episodes fail faster than training uses them (the most frequent error follows)"
             raise RuntimeError(
                 f"{self._dropped_since_cut} groups dropped since the last batch cut (> "
                 f"max_dropped_groups_per_step = {self.max_dropped_groups_per_step}; last reason: {reason}): "
-                "generation is wasted faster than training uses it; check rewards/filters, raise "
-                "max_off_policy_steps or lower max_buffered_groups"
-            )
+                + (hint if reason == "errored" else "generation is wasted faster than training uses it; "
+                   "check rewards/filters, raise max_off_policy_steps or lower max_buffered_groups")
+            )  # fmt: skip
 
     def cancel_unshippable(self) -> list[int]:
         """inflight -> cancelled for every group that can no longer ship; their tasks are cancelled."""

@@ -356,7 +356,9 @@ def _forget_fetched(comps: Components, newest_fetched: int | None) -> None:
 
 
 def _batch_peer(cfg: OrchestratorConfig, comps: Components) -> str:
-    """Who the batch wait waits on now: admission's blocking reason names it."""
+    """Who the batch wait waits on now: a teacher outage, else admission's blocking reason names it."""
+    if comps.teacher is not None and (outage := comps.teacher.outage_line()) is not None:
+        return outage
     reason = comps.admission.blocked_reason()
     served, step = comps.admission.served_version, comps.groups.next_batch_step
     if reason == "off_policy":
@@ -388,6 +390,7 @@ def stall_state(comps: Components, sources: Mapping[str, Any], control: Any) -> 
     heard["trainer"] = None if control.last_heard is None else round(now - control.last_heard, 3)
     return {
         "next_batch_step": comps.groups.next_batch_step,
+    teacher = {} if comps.teacher is None else {"teacher": comps.teacher.describe()}
         "served_version": comps.admission.served_version,
         "admission_blocked_by": comps.admission.blocked_reason(),
         "inflight_groups": comps.groups.num_inflight_groups,
@@ -396,6 +399,7 @@ def stall_state(comps: Components, sources: Mapping[str, Any], control: Any) -> 
         "last_heard_s_ago": heard,
     }
 
+        **teacher,
 
 def _step_metrics(
     comps: Components, groups: list[Group], step: int, *, time_step: float, wait_data: float

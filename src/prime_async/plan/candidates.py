@@ -13,7 +13,8 @@ timings come from a `Profile`:
   measured write time (one write at a time), an engine takes the measured weight update time, the
   orchestrator the measured batch cut time.
 
-The prediction for a candidate is the mean simulated `time/step` after the warm-up, over a few seeds.
+The prediction for a candidate is the mean simulated `time/step` after the warm-up, over a few seeds, and
+the staleness shares of the groups trained after the warm-up.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def predict(cfg: OrchestratorConfig, profile: Profile, cand: Candidate) -> Predi
             result = run_virtual(run_simulation(sim_cfg, params, instrument=False))
             step_times += [m["time/step"] for step, m in result.metrics.items() if step >= WARMUP_STEPS]
             for step, groups in result.trained.items():
-                ages.update(step - g.dispatch_version for g in groups)
+                if step >= WARMUP_STEPS:  # the steady state, as the step time (and as validation measures)
+                    ages.update(step - g.dispatch_version for g in groups)
     total = sum(ages.values()) or 1
     return Prediction(
         candidate=cand,
