@@ -162,7 +162,8 @@ class HttpEngineClient:
     ) -> list[list[float]]:
         """Prompt logprobs (SGLang's scoring request: `max_new_tokens = 0`, `return_logprob`,
         `logprob_start_len`), one batched `/generate`: per sequence, the logprob of each token from
-        `starts[i]` (>= 1) on given the tokens before it."""
+        `starts[i]` (>= 1) on given the tokens before it. An answer not in SGLang's shape (not JSON, no
+        `meta_info`, other tokens) raises EngineError."""
         if any(start < 1 for start in starts):
             raise ValueError(f"score: every start must be >= 1 (token 0 has no logprob), got {starts}")
         payload = {
@@ -171,14 +172,24 @@ class HttpEngineClient:
             "return_logprob": True,
             "logprob_start_len": list(starts),
         }
-        answers = (await self._post("/generate", payload, admin=False)).json()
+        resp = await self._post("/generate", payload, admin=False)
+        try:
+            answers = resp.json()
+            if not isinstance(answers, list) or len(answers) != len(sequences):
+                raise ValueError(f"expected a list of {len(sequences)} answers")
+            pairs = [
+                [(it[0], it[1]) for it in a["meta_info"].get("input_token_logprobs") or []] for a in answers
+            ]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:  # not SGLang's shape
+            raise EngineError(resp.status_code, "/generate", f"malformed scoring answer ({type(e).__name__}: "
+                              f"{e}): {resp.text[:200]!r}") from None  # fmt: skip
         out = []
-        for seq, start, answer in zip(sequences, starts, answers, strict=True):
-            items = answer["meta_info"].get("input_token_logprobs") or []
-            if [it[1] for it in items] != list(seq[start:]) or any(it[0] is None for it in items):
+        for seq, start, items in zip(sequences, starts, pairs, strict=True):
+            numbers = all(isinstance(lp, int | float) for lp, _ in items)
+            if [token for _, token in items] != list(seq[start:]) or not numbers:
                 raise EngineError(200, "/generate", f"scoring answered {len(items)} logprobs for positions "
                                   f"{start}..{len(seq) - 1} that do not match the tokens sent")  # fmt: skip
-            out.append([float(it[0]) for it in items])
+            out.append([float(lp) for lp, _ in items])
         return out
 
     async def pause_generation(self, mode: EnginePauseMode) -> None:

@@ -3,6 +3,9 @@
     inference dies (any exit: it must outlive the run)
         -> model.path = output_dir/broadcasts/step_N (newest N with STABLE), weight_version = N
            (no broadcast yet: the original config, v0); the trainer's history is unchanged
+    teacher_inference (the distillation teacher's engine) dies
+        -> it restarts with its original config (the teacher's weights never change); the orchestrator
+           holds scoring meanwhile (`orchestrator/teacher.py`, up to teacher.outage_timeout_s)
     orchestrator stopped as planned (exit 143 after a planned-stop checkpoint, `weights.transport =
     "filesystem"`)
         -> it alone restarts with resume = true: its checkpoint is the newest batch the trainer fetched,
@@ -56,7 +59,7 @@ from prime_async.weights.broadcasts import (
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-RESTARTABLE = ("inference", "trainer", "orchestrator")
+RESTARTABLE = ("inference", "teacher_inference", "trainer", "orchestrator")
 
 
 def latest_stable_broadcast(output_dir: Path) -> int | None:
@@ -72,6 +75,8 @@ def restart_overrides(cfg: RLConfig, name: str) -> dict[str, Any]:
             return {}
         path = Path(cfg.output_dir) / "broadcasts" / f"step_{version}"
         return {"model": {"path": str(path)}, "weight_version": version}
+    if name == "teacher_inference":
+        return {}
     if name == "trainer":
         return {"resume": True} if trainer_checkpoint_step(Path(cfg.output_dir)) is not None else {}
     if name == "orchestrator":

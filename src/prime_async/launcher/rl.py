@@ -8,7 +8,8 @@ into the three sub-configs.
     ──► eval_inference (only with [eval_inference]: dedicated eval engines; health- and identity-checked
                         with inference; not restartable: its death fails the run)
     ──► teacher_inference (only with orchestrator.teacher.model: the distillation teacher's engine; health-
-                        and identity-checked with inference; not restartable either)
+                        and identity-checked with inference; restarted with its own config if it dies,
+                        while the orchestrator holds scoring)
     ──► trainer    (torchrun when num_processes > 1)
     ──► orchestrator
     ◄── metrics/*.jsonl (progress view)
@@ -302,7 +303,7 @@ def _try_restart(
     )  # fmt: skip
     failed.stop(timeout_s=SHUTDOWN_TIMEOUT_S)  # reaps the dead process group (e.g. torchrun workers)
     _end_orphans(components)
-    if name == "inference":
+    if name in ("inference", "teacher_inference"):
         return _restart_inference(cfg, failed, output_dir, attempt, stop_signal)
     if name == "orchestrator" and orchestrator_stopped_as_planned(cfg, failed.returncode()):
         logger.warning("orchestrator stopped as planned: it restarts alone from its planned-stop checkpoint")
@@ -329,15 +330,15 @@ def _end_orphans(components: dict[str, Component]) -> None:
 def _restart_inference(
     cfg: RLConfig, inference: Component, output_dir: Path, attempt: int, stop_signal: list[int]
 ) -> bool:
-    overrides = restart_overrides(cfg, "inference")
-    logger.warning("inference restarts with %s", overrides or "its original config")
+    overrides = restart_overrides(cfg, inference.name)
+    logger.warning("%s restarts with %s", inference.name, overrides or "its original config")
     _set_restart_command(cfg, inference, output_dir, attempt, overrides)
     time.sleep(cfg.restart.backoff_s)
     inference.start()
     try:
         inference.wait_healthy(timeout_s=cfg.startup_timeout_s, stop_flag=stop_signal)
     except RuntimeError as e:
-        logger.error("restarted inference did not come up: %s", e)
+        logger.error("restarted %s did not come up: %s", inference.name, e)
         return False
     return True
 
@@ -378,7 +379,7 @@ def _set_restart_command(
 def _command_for(cfg: RLConfig, name: str, config_path: Path) -> list[str]:
     if name == "trainer":
         return trainer_command(cfg, config_path)
-    return [*script_command(name), "@", str(config_path)]
+    return [*script_command("inference" if name in ENGINE_SECTIONS else name), "@", str(config_path)]
 
 
 def _first_failure(components: dict[str, Component]) -> Component | None:

@@ -150,6 +150,9 @@ class Dispatcher:
             if self.groups.is_inflight(group.group_id):  # shutdown, not a cancel: nothing to account
                 raise
             return
+        except TeacherUnavailable as exc:  # an outage past its deadline: the run fails with its one line
+            self._fail(exc)
+            return
         except Exception as exc:  # a RolloutSource bug: fail the run through run()
             logger.exception("episode of group %d raised", group.group_id)
             self._fail(exc)
@@ -159,9 +162,6 @@ class Dispatcher:
         self.groups.finish(group)
         if self.length_bias is not None:
             self.length_bias.finished(group)
-            return
-        except TeacherUnavailable as exc:  # an outage past its deadline: the run fails with its one line
-            self._fail(exc)
         if self.episode_log is not None:
             self.episode_log.write_group(group)
         early_failure = self._check_early_failures(group)
@@ -169,6 +169,8 @@ class Dispatcher:
             self._ship(group)
         except Exception as exc:  # e.g. max_dropped_groups_per_step: nobody awaits this task
             summary = self.errors.summary()
+            if summary and self.errors.top_kind() == TEACHER:
+                summary = f"the drops are teacher failures (orchestrator.teacher): {summary}"
             self._fail(RuntimeError(f"{exc}; {summary}") if summary else exc)
         if self.groups.is_inflight(group.group_id):
             self._fail(RuntimeError(f"the sink neither accepted nor dropped group {group.group_id}"))
@@ -179,8 +181,6 @@ class Dispatcher:
         """Hand `group` to the sink without its idle trajectories (module docstring); a group with no
         other trajectory is filtered (nothing to train, not an error) without reaching the sink."""
         idle = sum(ep.status == "idle" for ep in group.episodes)
-            if summary and self.errors.top_kind() == TEACHER:
-                summary = f"the drops are teacher failures (orchestrator.teacher): {summary}"
         if idle:
             self._window["idle_trajectories"] += idle
             group.episodes = [ep for ep in group.episodes if ep.status != "idle"]
@@ -199,6 +199,11 @@ class Dispatcher:
             self._failed_early_groups += 1
         if self._failed_early_groups < self.fail_fast_groups or self.fail_fast_groups == 0:
             return None
+        culprit = (
+            "the teacher cannot score these episodes as configured (orchestrator.teacher)"
+            if self.errors.top_kind() == TEACHER
+            else "the environment cannot run as configured"
+        )
         return EpisodesFailing(
             f"every episode of the first {self.fail_fast_groups} groups failed "
             f"({self.errors.total} episodes): {self.errors.summary() or 'no error message'}; {culprit} "
@@ -225,11 +230,6 @@ class Dispatcher:
             self._window["completion_tokens"] += sum(ep.num_completion_tokens for ep in trajectories)
             for ep in trajectories:
                 self.errors.record(ep)
-        culprit = (
-            "the teacher cannot score these episodes as configured (orchestrator.teacher)"
-            if self.errors.top_kind() == TEACHER
-            else "the environment cannot run as configured"
-        )
                 self._check_prompt_fits(group, ep)
         return trajectories
 

@@ -388,18 +388,18 @@ def stall_state(comps: Components, sources: Mapping[str, Any], control: Any) -> 
         for url, t in gateway.last_answer.items():
             heard[f"engine {url}"] = round(now - t, 3)
     heard["trainer"] = None if control.last_heard is None else round(now - control.last_heard, 3)
+    teacher = {} if comps.teacher is None else {"teacher": comps.teacher.describe()}
     return {
         "next_batch_step": comps.groups.next_batch_step,
-    teacher = {} if comps.teacher is None else {"teacher": comps.teacher.describe()}
         "served_version": comps.admission.served_version,
         "admission_blocked_by": comps.admission.blocked_reason(),
         "inflight_groups": comps.groups.num_inflight_groups,
         "buffered_groups": comps.groups.num_buffered_groups,
         "pending_requests_per_engine": pending,
         "last_heard_s_ago": heard,
+        **teacher,
     }
 
-        **teacher,
 
 def _step_metrics(
     comps: Components, groups: list[Group], step: int, *, time_step: float, wait_data: float

@@ -4,8 +4,9 @@ Called by the dispatcher for every finished episode (`record`); its `summary()` 
 run's fatal errors (dropped-groups limit, every early episode failed) so the user sees the cause.
 
 Invariants:
-- an error's identity is (kind, first line of its message); kind is `Episode.metrics["env_error"]`
-  (see `envs/episode.ENV_ERROR_KINDS`), else the episode's status;
+- an error's identity is (kind, first line of its message); kind is "teacher" for a scoring failure of
+  the distillation teacher (`metrics["teacher_error"]`, `orchestrator/teacher.py`), else
+  `Episode.metrics["env_error"]` (see `rollouts/episode.ENV_ERROR_KINDS`), else the episode's status;
 - the first episode with a given identity is logged at WARNING with the full message and the running
   count of that kind; later ones at DEBUG only, so a run of identical failures logs one line;
 - `counts_by_kind()` are cumulative since start (the `env/errors/<kind>` metrics).
@@ -21,6 +22,7 @@ from prime_async.rollouts.types import Episode
 logger = logging.getLogger(__name__)
 
 MAX_EXAMPLE_CHARS = 1000
+TEACHER = "teacher"  # the kind of a teacher scoring failure: the teacher failed, not the environment
 
 
 class EpisodesFailing(ValueError):
@@ -44,7 +46,11 @@ class EpisodeErrors:
         """Count `episode` if it failed ("error" or "aborted"); log a new error once at WARNING."""
         if episode.status not in ("error", "aborted"):
             return
-        kind = str(episode.metrics.get("env_error") or episode.status)
+        kind = (
+            TEACHER
+            if episode.metrics.get("teacher_error")
+            else str(episode.metrics.get("env_error") or episode.status)
+        )
         message = episode.error or "(no message)"
         key = (kind, _first_line(message))
         self._by_error[key] += 1
@@ -64,6 +70,10 @@ class EpisodeErrors:
 
     def counts_by_kind(self) -> dict[str, int]:
         return dict(self._by_kind)
+
+    def top_kind(self) -> str | None:
+        """The kind of the most frequent error (None before any)."""
+        return self._by_error.most_common(1)[0][0][0] if self._by_error else None
 
     def summary(self) -> str | None:
         """'most frequent episode error: ...' with its count and one example message, or None."""
