@@ -97,6 +97,9 @@ class SimParams:
     cut_time_s: float = 0.0  # orchestrator time per batch cut (build, checkpoint, send) before the trainer
     write_time_s: float = 0.0  # background weight write after each step (0: published when trained)
     saturation: float | None = None  # running requests past which an engine is throughput-bound (slows down)
+    # None: an episode's length is drawn independently of its latency (uniform 1..max_new_tokens); a rate:
+    # its length is latency * tokens_per_s (clamped to 1..max_new_tokens), the slow episodes the long ones
+    tokens_per_s: float | None = None
     # The fake trainer wakes the watcher on publish; polling is only a fallback (each poll costs CPU).
     watcher_poll_s: float = 60.0
 
@@ -120,13 +123,14 @@ class SimulatedEngine:
 
     async def generate(
         self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
-        latency_s: float | None = None,
+        latency_s: float | None = None, progress: list[int] | None = None,
     ):  # fmt: skip
-        """`latency_s`: this request's unloaded latency (None: drawn from the Pareto)."""
+        """`latency_s`: this request's unloaded latency (None: drawn from the Pareto); `progress`: gets the
+        tokens of each decoded chunk as it completes (what a cancelled request had sampled)."""
         if self._slots is None:
-            return await self._generate(input_ids, sampling_params, rid, latency_s)
+            return await self._generate(input_ids, sampling_params, rid, latency_s, progress)
         async with self._slots:
-            return await self._generate(input_ids, sampling_params, rid, latency_s)
+            return await self._generate(input_ids, sampling_params, rid, latency_s, progress)
 
     def _latency(self) -> float:
         p = self.params
@@ -138,11 +142,16 @@ class SimulatedEngine:
         return max(1.0, self.running / sat) if sat else 1.0
 
     async def _generate(
-        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None, latency_s: float | None
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None, latency_s: float | None,
+        progress: list[int] | None = None,
     ):  # fmt: skip
         p = self.params
         latency = self._latency() if latency_s is None else latency_s
-        n_tokens = self.rng.randint(1, min(p.max_new_tokens, sampling_params.get("max_new_tokens", 1 << 30)))
+        limit = min(p.max_new_tokens, sampling_params.get("max_new_tokens", 1 << 30))
+        if p.tokens_per_s is None:
+            n_tokens = self.rng.randint(1, limit)
+        else:
+            n_tokens = min(max(1, round(latency * p.tokens_per_s)), limit)
         self.running += 1
         self._idle.clear()
         try:
@@ -153,6 +162,8 @@ class SimulatedEngine:
                 await asyncio.sleep(latency / p.num_chunks * self._slowdown())
                 lo, hi = chunk * n_tokens // p.num_chunks, (chunk + 1) * n_tokens // p.num_chunks
                 versions.extend([version] * (hi - lo))
+                if progress is not None:
+                    progress.append(hi - lo)
         finally:
             self.running -= 1
             if self.running == 0:
@@ -212,6 +223,7 @@ class SimulatedRolloutSource:
         self.started: list[int] = []
         self._num_examples = params.num_examples if num_examples is None else num_examples
         self._group_latencies: dict[int, list[float]] = {}  # example -> latencies left of its group
+        self.cancelled_lengths: dict[str, list[int]] = {}  # engine key -> tokens sampled when cancelled
 
     @property
     def num_examples(self) -> int:
@@ -230,9 +242,14 @@ class SimulatedRolloutSource:
         self.started.append(example_id)
         engine = self.engines[zlib.crc32(engine_key.encode()) % len(self.engines)]
         prompt = [example_id % 997 + 1] * self.params.prompt_len
-        res = await engine.generate(
-            prompt, sampling.to_sglang(), latency_s=self._recorded_latency(example_id)
-        )
+        progress: list[int] = []
+        try:
+            res = await engine.generate(
+                prompt, sampling.to_sglang(), latency_s=self._recorded_latency(example_id), progress=progress
+            )
+        except asyncio.CancelledError:
+            self.cancelled_lengths[engine_key] = [sum(progress)]
+            raise
         n_prompt, n_out = len(prompt), len(res.output_ids)
         ep = Episode(
             example_id=example_id,
@@ -333,8 +350,10 @@ def _instrument_caps(comps: Components) -> None:
         else:
             cap = adm.max_inflight_groups * groups.group_size
             assert groups.running_episodes <= cap, "in-flight cap exceeded"
-        staleness_at_next_cut = groups.next_batch_step - group.dispatch_version
-        assert staleness_at_next_cut <= groups.max_off_policy_steps, "K rule violated"
+        landing = groups.next_batch_step + (groups.num_inflight_groups + groups.num_buffered_groups - 1) // (
+            groups.batch_groups
+        )
+        assert landing <= groups.deadline(group), "K rule violated: the group lands in a batch past its K"
 
     groups.dispatch = checked  # type: ignore[method-assign]
 

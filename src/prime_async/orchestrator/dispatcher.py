@@ -34,11 +34,17 @@ Invariants:
   the first such episode, naming the env (a config mismatch, not bad luck);
 - with a deterministic schedule (`schedule.py`), a group's id is its schedule slot and each episode
   samples with `sampling.seed = episode_seed(run seed, env, example, epoch, index in the group)`;
+- the length bias (`length_bias.py`) sees every finished group once, after the sink's put (its
+  trajectories before the put, and whether the sink accepted it), and every cancelled group once (its
+  finished trajectories and what its running ones had sampled);
 - with a teacher (on-policy distillation), a group's episodes are scored (`teacher.py`) before the group
   is finished, so batch cuts only ever see scored groups; during a teacher outage the group stays in
   flight until scored, and an outage past `teacher.outage_timeout_s` fails `run()` (TeacherUnavailable);
 - a resumed run's prompt with carried work (`carry.py`) is dispatched with the dispatch version it had:
-  its finished episodes are reused as they are and its unfinished ones replay their recorded calls.
+  its finished episodes are reused as they are and its unfinished ones replay their recorded calls;
+  unless the batch it would land in (`groups.landing_batch()`) is past that version's K, in which case
+  the carried work is discarded and the prompt starts afresh at the served version (never cancelled
+  later for it).
 """
 
 from __future__ import annotations
@@ -125,6 +131,10 @@ class Dispatcher:
         if self.schedule is not None:
             self._next_group_id = self.schedule.take_slot()
         carried = self.carry.take(env.name, example_id, epoch) if self.carry is not None else None
+        if carried is not None and self.groups.landing_batch() > self.groups.deadline_of(
+            carried.dispatch_version
+        ):
+            carried = None  # its version could not ship in the batch it lands in: the prompt starts afresh
         group = Group(
             group_id=self._next_group_id,
             example_id=example_id,
@@ -149,6 +159,7 @@ class Dispatcher:
         except asyncio.CancelledError:
             if self.groups.is_inflight(group.group_id):  # shutdown, not a cancel: nothing to account
                 raise
+            self._count_cancelled(group)
             return
         except TeacherUnavailable as exc:  # an outage past its deadline: the run fails with its one line
             self._fail(exc)
@@ -160,8 +171,7 @@ class Dispatcher:
         group.episodes = [ep for trajectories in results for ep in trajectories]
         group.finished_at = self.clock()
         self.groups.finish(group)
-        if self.length_bias is not None:
-            self.length_bias.finished(group)
+        generated = list(group.episodes)  # the length bias: what the sink's filters may remove
         if self.episode_log is not None:
             self.episode_log.write_group(group)
         early_failure = self._check_early_failures(group)
@@ -174,6 +184,9 @@ class Dispatcher:
             self._fail(RuntimeError(f"{exc}; {summary}") if summary else exc)
         if self.groups.is_inflight(group.group_id):
             self._fail(RuntimeError(f"the sink neither accepted nor dropped group {group.group_id}"))
+        elif self.length_bias is not None:
+            accepted = any(g is group for g in self.groups.buffered())
+            self.length_bias.finished(group, generated, accepted=accepted)
         if early_failure is not None:
             self._fail(early_failure)
 
@@ -188,6 +201,19 @@ class Dispatcher:
             self.sink.put(group)
         else:
             self.groups.drop(group, "filtered")
+
+    def _count_cancelled(self, group: Group) -> None:
+        """Length bias of a cancelled group (in flight, or while the teacher scored it): its finished
+        trajectories and what its running ones had sampled, from the env's rollout source's
+        `cancelled_lengths` (engine key -> one length per trajectory) when it keeps them."""
+        if self.length_bias is None:
+            return
+        cancelled = getattr(self.envs.get(group.env).source, "cancelled_lengths", None)
+        partial: list[int] = []
+        if isinstance(cancelled, dict):
+            for index in range(self.groups.group_size):
+                partial.extend(cancelled.pop(episode_key(group, index), ()))
+        self.length_bias.cancelled_group(group, partial)
 
     def _check_early_failures(self, group: Group) -> EpisodesFailing | None:
         """The run's error when every episode of the first `fail_fast_groups` groups failed."""

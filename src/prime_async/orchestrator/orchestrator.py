@@ -126,9 +126,11 @@ def build_components(
         carry = Carry(saved["carry"], served_version=served_version)
     groups = GroupTable(
         group_size=cfg.group_size,
+        batch_groups=cfg.batch_groups,
         max_off_policy_steps=cfg.max_off_policy_steps,
         data=envs,
         retry_unused=cfg.unused_handler == "retry",
+        retry_cancelled=not cfg.deterministic,
         max_dropped_groups_per_step=cfg.resolved_max_dropped_groups_per_step,
         next_batch_step=start_step,
     )
@@ -321,6 +323,7 @@ async def _produce(
             share_prefix=cfg.share_prompt_prefix,
             teacher=cfg.teacher,
         )
+        batch.metrics["batch/lifetime_start"] = float(comps.start_step)  # whose batch the trainer trains
         comps.length_bias.trained(groups)
         comps.undelivered[step] = groups  # until the trainer fetched it: a planned stop carries them
         if on_step is not None:
@@ -414,13 +417,8 @@ def _step_metrics(
         metrics.update(comps.teacher.window_metrics())
     if comps.carry is not None:
         metrics.update(comps.carry.metrics())
-    for name, env in comps.envs.envs.items():  # what the episodes cancelled since the last step sampled
-        if cancelled := getattr(env.source, "cancelled_lengths", None):
-            comps.length_bias.cancelled(name, cancelled)
-            cancelled.clear()
     metrics.update(comps.length_bias.metrics())
-    ended = comps.groups.counts()
-    comps.length_bias.warn_if_biased(stale_or_cancelled=ended["dropped_stale"] + ended["cancelled"])
+    comps.length_bias.warn_if_biased()
     metrics["time/step"] = time_step
     metrics["time/wait_data"] = wait_data
     return metrics

@@ -34,6 +34,7 @@ import asyncio
 import copy
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from prime_async.config.dicts import deep_merge
@@ -119,6 +120,41 @@ def resolve_verifiers_config(env_cfg: EnvBaseConfig) -> Any:
         ) from None
 
 
+CANCELLED_KEPT = 4096  # cancelled episodes' lengths kept for the dispatcher to take (oldest forgotten)
+
+
+@dataclass
+class SampledShare:
+    """How one verifiers episode's sampled tokens (every model call of its gateway session) divide into
+    its trained trajectories, learned from the finished episodes. A cancelled episode's calls are not
+    attributed to seats (the gateway does not know them), so `split` counts it as the mean number of
+    trained trajectories per episode, sharing the fraction of its tokens the finished episodes' trained
+    trajectories sampled. A single-seat env: one trajectory with its own tokens (share 1 when the trace
+    sampled every token of the session)."""
+
+    episodes: int = 0
+    trajectories: int = 0
+    session_tokens: int = 0
+    trajectory_tokens: int = 0
+
+    def observe(self, session_tokens: int, trajectory_tokens: list[int]) -> None:
+        """One finished episode: its session's sampled tokens and each trained trajectory's."""
+        if session_tokens <= 0 or not trajectory_tokens:
+            return
+        self.episodes += 1
+        self.trajectories += len(trajectory_tokens)
+        self.session_tokens += session_tokens
+        self.trajectory_tokens += sum(trajectory_tokens)
+
+    def split(self, session_tokens: int) -> list[int]:
+        """The per-trajectory lengths a cancelled episode whose session sampled `session_tokens` counts as."""
+        if not self.episodes:
+            return [session_tokens]
+        k = max(1, round(self.trajectories / self.episodes))
+        share = self.trajectory_tokens / self.session_tokens
+        return [round(session_tokens * share / k)] * k
+
+
 class VerifiersRolloutSource:
     """`RolloutSource` over a verifiers environment. Use `async with` or `start()`/`stop()`."""
 
@@ -149,8 +185,10 @@ class VerifiersRolloutSource:
         self.episode_seconds = 0.0
         self._tools_in_process = env_cfg.runner == "inprocess" and env_cfg.toolsets == "inprocess"
         self._retains_http_clients = False
-        self.cancelled_lengths: list[int] = []
-        """Tokens each cancelled episode had sampled (the length bias reads and clears it)."""
+        self.cancelled_lengths: dict[str, list[int]] = {}
+        """Per cancelled episode (engine key): one length per trajectory, what it had sampled when
+        cancelled (`SampledShare.split`); the dispatcher takes them for the length bias."""
+        self.sampled_share = SampledShare()
         self.call_log: dict[str, list[GatewayCall]] | None = None
         """When a dict (`doctor` sets one): every episode's recorded model calls, by engine key."""
 
@@ -298,10 +336,17 @@ class VerifiersRolloutSource:
             episodes = build_episodes(
                 example_id=example_id, vf_episode=vf_episode, session=session, seq_len=self.seq_len
             )
+            if all(ep.status in ("ok", "idle") for ep in episodes):
+                self.sampled_share.observe(
+                    sum(len(call.output_ids) for call in session.calls),
+                    [ep.metrics.get("sampled_tokens", 0) for ep in episodes if ep.status == "ok"],
+                )
         except asyncio.CancelledError:
             self.counts["cancelled"] += 1
             sampled = await asyncio.shield(self.gateway.cancel_session(session.key))
-            self.cancelled_lengths.append(sampled)
+            self.cancelled_lengths[engine_key] = self.sampled_share.split(sampled)
+            while len(self.cancelled_lengths) > CANCELLED_KEPT:  # never taken: e.g. cancelled at shutdown
+                del self.cancelled_lengths[next(iter(self.cancelled_lengths))]
             raise
         except Exception as e:  # tolerated: an env fault that escaped verifiers' own episode boundary
             logger.warning(
