@@ -97,3 +97,7 @@ def test_a_seat_without_a_turn_trains_the_seat_that_acted(tiny_model_dir: Path, 
     trainer = read_jsonl(out / "metrics" / "trainer.jsonl")
     assert [m["step"] for m in trainer] == [0, 1, 2]
     assert all(m["loss/num_loss_tokens"] > 0 for m in trainer)
+    # the episode log and the length bias take idle trajectories in their stride
+    idle_lines = [e for e in read_jsonl(out / "metrics" / "episodes.jsonl") if e["status"] == "idle"]
+    assert len(idle_lines) >= idle and all(e["tokens"] == e["completion_tokens"] == 0 for e in idle_lines)
+    assert "rollout/length_bias" in last
