@@ -17,10 +17,10 @@ class FakeClock:
         return self.now
 
 
-def make(clock=None, k: int = 1, **kw) -> AdmissionController:
+def make(clock=None, k: int = 1, batch_groups: int = 4, **kw) -> AdmissionController:
     data = DataSource(num_examples=100, seed=0, shuffle=False)
-    groups = GroupTable(group_size=2, max_off_policy_steps=k, data=data, retry_unused=False,
-                        max_dropped_groups_per_step=100)  # fmt: skip
+    groups = GroupTable(group_size=2, batch_groups=batch_groups, max_off_policy_steps=k, data=data,
+                        retry_unused=False, max_dropped_groups_per_step=100)  # fmt: skip
     args = dict(max_inflight_groups=2, max_buffered_groups=3, granularity="group")
     args.update(kw)
     return AdmissionController(groups=groups, **args, clock=clock or FakeClock())
@@ -84,6 +84,23 @@ def test_k_rule_reads_the_next_batch_step_of_the_group_table():
     assert adm.poll() == "off_policy"
     adm.set_served_version(1)
     assert adm.poll() is None
+
+
+def test_landing_rule_admits_only_what_can_ship():
+    """A new group lands in batch next + live // batch_groups; it is admitted only within K of served."""
+    adm = make(k=1, batch_groups=2, max_inflight_groups=10, max_buffered_groups=10)
+    live = []
+    while adm.poll() is None:
+        live.append(dispatch(adm))
+    assert len(live) == 4 and adm.poll() == "off_policy"  # batches 0 and 1, both within K = 1 of version 0
+    buffer(adm, live[0])
+    buffer(adm, live[1])
+    adm.groups.take(live[:2], step=0)  # next batch is 1, still served 0: one batch more can ship, and
+    assert adm.poll() == "off_policy"  # the two groups in flight fill it
+    adm.set_served_version(1)  # they land in batch 1, a new group in batch 2 = 1 + K
+    assert adm.poll() is None
+    dispatch(adm), dispatch(adm)
+    assert adm.poll() == "off_policy"
 
 
 def test_hold_blocks_until_released():

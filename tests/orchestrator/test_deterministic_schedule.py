@@ -79,7 +79,7 @@ def _finish(sink: DeterministicSink, group: Group) -> None:
 
 
 def test_sink_cuts_by_slot_not_by_completion_order():
-    table = GroupTable(group_size=1, max_off_policy_steps=1, data=DataSource(num_examples=50),
+    table = GroupTable(group_size=1, batch_groups=2, max_off_policy_steps=1, data=DataSource(num_examples=50),
                        retry_unused=False, max_dropped_groups_per_step=10)  # fmt: skip
     schedule = DeterministicSchedule(batch_groups=2, max_off_policy_steps=1, max_steps=3, seed=0)
     sink = DeterministicSink(cfg=SinkConfig(), schedule=schedule, batch_groups=2, max_off_policy_steps=1,

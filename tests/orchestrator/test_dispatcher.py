@@ -64,14 +64,16 @@ def build(
     retry=True,
     max_dropped=100,
     fail_fast=2,
+    batch_groups=1,
 ):
     loop = asyncio.get_running_loop()
     data = DataSource(num_examples=10, seed=0, shuffle=False)
-    groups = GroupTable(group_size=group_size, max_off_policy_steps=k, data=data, retry_unused=retry,
-                        max_dropped_groups_per_step=max_dropped)  # fmt: skip
+    groups = GroupTable(group_size=group_size, batch_groups=batch_groups, max_off_policy_steps=k, data=data,
+                        retry_unused=retry, max_dropped_groups_per_step=max_dropped)  # fmt: skip
     admission = AdmissionController(groups=groups, max_inflight_groups=max_inflight, max_buffered_groups=100,
                                     granularity=granularity, clock=loop.time)  # fmt: skip
-    sink = TrainSink(cfg=SinkConfig(), batch_groups=1, max_off_policy_steps=k, seq_len=64, groups=groups)
+    sink = TrainSink(cfg=SinkConfig(), batch_groups=batch_groups, max_off_policy_steps=k, seq_len=64,
+                     groups=groups)  # fmt: skip
     envs = EnvMix.single(source=source, data=data, sampling=SamplingParams())
     disp = Dispatcher(envs=envs, admission=admission, groups=groups, sink=sink, clock=loop.time,
                       fail_fast_groups=fail_fast)  # fmt: skip
@@ -112,7 +114,7 @@ def test_sample_granularity_frees_slots_per_episode_group_waits_for_whole_group(
 def test_cancel_accounting_is_exact_and_immediate():
     async def go():
         disp, admission, groups, _sink, data = build(ScriptedSource({(2, 0): 50.0, (2, 1): 50.0}), k=1,
-                                                    max_inflight=3)  # fmt: skip
+                                                    max_inflight=3, batch_groups=3)  # fmt: skip
         task = asyncio.create_task(disp.run())
         await asyncio.sleep(0.5)
         admission.set_served_version(1)  # groups 0,1,2 were stamped 0; the next ones 1

@@ -20,6 +20,7 @@ from prime_async.rollouts.types import Episode
 def make(*, group_size=2, k=1, retry=True, max_dropped=100) -> GroupTable:
     return GroupTable(
         group_size=group_size,
+        batch_groups=2,
         max_off_policy_steps=k,
         data=DataSource(num_examples=100, seed=0, shuffle=False),
         retry_unused=retry,

@@ -86,8 +86,9 @@ def test_next_turn_after_in_place_update_never_reuses_old_prefix_kv() -> None:
     async def main() -> PrefixCacheEngine:
         engine = PrefixCacheEngine(durations={1: 0.4, 2: 0.02})
         gateway = Gateway(engines=[engine], seq_len=64)
-        groups = GroupTable(group_size=1, max_off_policy_steps=1, data=DataSource(num_examples=1),
-                            retry_unused=False, max_dropped_groups_per_step=1)  # fmt: skip
+        groups = GroupTable(group_size=1, batch_groups=4, max_off_policy_steps=1,
+                            data=DataSource(num_examples=1), retry_unused=False,
+                            max_dropped_groups_per_step=1)  # fmt: skip
         admission = AdmissionController(groups=groups, max_inflight_groups=4, max_buffered_groups=4,
                                         granularity="group")  # fmt: skip
         watcher = WeightWatcher(
@@ -129,8 +130,9 @@ def test_shared_eval_gateways_pass_the_watchers_one_gate() -> None:
         gate = RequestGate()
         train = SimpleNamespace(gateway=Gateway(engines=[engine], seq_len=64, gate=gate))
         evals = SimpleNamespace(gateway=Gateway(engines=[engine], seq_len=64, gate=gate))
-        groups = GroupTable(group_size=1, max_off_policy_steps=1, data=DataSource(num_examples=1),
-                            retry_unused=False, max_dropped_groups_per_step=1)  # fmt: skip
+        groups = GroupTable(group_size=1, batch_groups=4, max_off_policy_steps=1,
+                            data=DataSource(num_examples=1), retry_unused=False,
+                            max_dropped_groups_per_step=1)  # fmt: skip
         admission = AdmissionController(groups=groups, max_inflight_groups=4, max_buffered_groups=4,
                                         granularity="group")  # fmt: skip
         watcher = WeightWatcher(

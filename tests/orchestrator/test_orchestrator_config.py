@@ -45,7 +45,7 @@ def test_k_below_buffer_depth_warns(caplog):
     with caplog.at_level(logging.WARNING):
         OrchestratorConfig(batch_groups=4, max_buffered_groups=16, max_off_policy_steps=3)
         OrchestratorConfig(batch_groups=4, max_buffered_groups=4, max_off_policy_steps=0)  # sync: one batch
-    assert caplog.text == "", "K + 1 buffered batches never age past K"
+    assert caplog.text == "", "a buffer of at most K + 1 batches is filled"
 
 
 def test_negative_k_and_unknown_keys_rejected():

@@ -111,13 +111,16 @@ def test_k0_is_synchronous_on_policy():
         assert first > last
 
 
-def test_in_flight_cancel_fires_for_unshippable_groups():
+def test_heavy_tail_with_a_large_buffer_cancels_nothing():
+    """A buffer pinned past K + 1 batches and a heavy tail: admission's landing rule and the cut's
+    deadlines still leave no group unshippable (before them, 928 of 1456 trajectories were cancelled)."""
     cfg = config(max_steps=30, max_off_policy_steps=1, max_buffered_groups=12, max_inflight_groups=12)
     params = SimParams(seed=7, latency_s=1.0, pareto_alpha=0.9, train_time_s=0.5)
     result = run_virtual(run_simulation(cfg, params))
     check_run(result, cfg)
     assert result.cancel_checks >= 30  # every cut and every update checked exactness
-    assert result.comps.groups.counts()["cancelled"] > 0  # heavy tail: some groups did become unshippable
+    counts = result.comps.groups.counts()
+    assert counts["cancelled"] == counts["dropped_stale"] == 0
 
 
 def test_pause_modes_drive_engines():
@@ -132,8 +135,8 @@ def test_pause_modes_drive_engines():
         for engine in result.engines:
             kinds = [c[0] for c in engine.calls]
             versions = [c[1][1] for c in engine.calls if c[0] == "update"]
-            # shutdown may beat the last ones; drain loads the newest version once idle, skipping some
-            assert len(versions) >= (2 if mode == "drain" else 3) and versions == sorted(set(versions))
+            # shutdown may beat the last ones; the watcher loads the newest version available, skipping some
+            assert len(versions) >= 2 and versions == sorted(set(versions))
             if first_call is None:
                 assert "pause" not in kinds
             else:

@@ -15,10 +15,10 @@ from prime_async.orchestrator.types import Group
 from prime_async.rollouts.types import Episode
 
 
-def table(*, k=1, unused="drop", max_dropped=100) -> GroupTable:
+def table(*, k=1, unused="drop", max_dropped=100, batch_groups=2) -> GroupTable:
     data = DataSource(num_examples=100, seed=0, shuffle=False)
-    return GroupTable(group_size=1, max_off_policy_steps=k, data=data, retry_unused=unused == "retry",
-                      max_dropped_groups_per_step=max_dropped)  # fmt: skip
+    return GroupTable(group_size=1, batch_groups=batch_groups, max_off_policy_steps=k, data=data,
+                      retry_unused=unused == "retry", max_dropped_groups_per_step=max_dropped)  # fmt: skip
 
 
 def group(gid: int, d: int = 0, rewards=(0.0, 1.0), status="ok", length=4) -> Group:
@@ -50,7 +50,7 @@ def make(groups: GroupTable | None = None, *, k=1, batch_groups=2, unused="drop"
         batch_groups=batch_groups,
         max_off_policy_steps=k,
         seq_len=8,
-        groups=groups or table(k=k, unused=unused, max_dropped=max_dropped),
+        groups=groups or table(k=k, unused=unused, max_dropped=max_dropped, batch_groups=batch_groups),
     )
 
 

@@ -48,7 +48,7 @@ class Broadcasts:
 def make(mode: str, *, interval: int = 1, num_engines: int = 2, broadcasts=None):
     log: list = []
     engines = [SimulatedEngine(index=i, params=SimParams(), rng=random.Random(i)) for i in range(num_engines)]
-    table = GroupTable(group_size=1, max_off_policy_steps=8, data=DataSource(num_examples=1),
+    table = GroupTable(group_size=1, batch_groups=4, max_off_policy_steps=8, data=DataSource(num_examples=1),
                        retry_unused=False, max_dropped_groups_per_step=1)  # fmt: skip
     admission = AdmissionController(groups=table, max_inflight_groups=4, max_buffered_groups=4,
                                     granularity="group")  # fmt: skip

@@ -74,7 +74,8 @@ class SinkConfig(BaseConfig):
     )
     order: Literal["fifo", "windowed_fifo"] = Field(
         "fifo",
-        description="fifo = oldest finished groups first; windowed_fifo = groups are taken in dispatch "
+        description="fifo = finished groups of the oldest dispatch version first (arrival order among "
+        "equals); windowed_fifo = groups are taken in dispatch "
         "order, out of order only within a window (MiniMax Forge), so slow groups inside it hold the batch.",
     )
     window_fraction: float = Field(
@@ -186,7 +187,6 @@ class TeacherConfig(BaseConfig):
     )
     max_concurrent_requests: int = Field(4, ge=1, description="Scoring requests in flight at once.")
     timeout_s: float = Field(120.0, gt=0, description="HTTP timeout of one scoring request.")
-
     outage_timeout_s: float = Field(
         600.0,
         gt=0,
@@ -194,6 +194,7 @@ class TeacherConfig(BaseConfig):
         "waited out: finished groups wait for scoring and requests are retried with backoff; past it "
         "the run fails naming the teacher.",
     )
+
     @model_validator(mode="after")
     def _check(self) -> TeacherConfig:
         if self.model is None and not self.base_urls:
@@ -257,8 +258,9 @@ class OrchestratorConfig(BaseConfig):
         None,
         ge=1,
         description="In-flight plus finished-but-untrained groups. None = (max_off_policy_steps + 1) * "
-        "batch_groups: the K + 1 batches that can still ship, no more (none ages past K), no fewer (async "
-        "runs keep generating while the tail of a batch is still out).",
+        "batch_groups, the most that can ever ship; admission's landing rule admits fewer whenever the "
+        "orchestrator runs ahead of the served version (a new group only if the batch it lands in is "
+        "within K of the served version), so nothing admitted is cancelled or ages past K.",
     )
     submission_granularity: Literal["sample", "group"] = Field(
         "sample",
@@ -283,8 +285,9 @@ class OrchestratorConfig(BaseConfig):
     )
     unused_handler: Literal["drop", "retry"] = Field(
         "drop",
-        description="Stale, errored or cancelled groups: drop the prompt, or retry it (back into the data "
-        "source). Filtered groups are always dropped.",
+        description="Stale or errored groups: drop the prompt, or retry it (back into the data source). "
+        "Filtered groups are always dropped; a cancelled group's prompt is always retried (except with "
+        "deterministic = true, where this setting applies), so slow prompts are not selected against.",
     )
     sink: SinkConfig = Field(default_factory=SinkConfig, description="Train sink.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages.")
@@ -386,13 +389,14 @@ class OrchestratorConfig(BaseConfig):
                 "use weights.transport = 'filesystem' for a run with eval"
             )
         check_orchestrator(self)
-        # The buffer holds ceil(B / batch_groups) batches; the newest of them is trained at most that
-        # many steps after the oldest was cut, so up to K + 1 batches never age past K (K = 0: one).
+        # Admission's landing rule (orchestrator/shipping.py) never lets more than K + 1 batches of groups
+        # live: a larger buffer is never filled.
         batches = math.ceil(buffered / self.batch_groups)
         if self.max_off_policy_steps + 1 < batches and not self.deterministic:
             logger.warning(
-                "max_off_policy_steps + 1 (%d) < ceil(max_buffered_groups / batch_groups) (%d): the buffer "
-                "limit lets groups age past K, so the oldest groups of a batch may be dropped every step",
+                "max_off_policy_steps + 1 (%d) < ceil(max_buffered_groups / batch_groups) (%d): admission "
+                "never holds more than K + 1 batches of groups (a group is admitted only if the batch it "
+                "lands in is within K of the served version), so the buffer beyond that stays empty",
                 self.max_off_policy_steps + 1,
                 batches,
             )

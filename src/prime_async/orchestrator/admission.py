@@ -4,7 +4,10 @@ A new group is admitted only while all of these hold (checked in this order; the
 the reported reason):
 
     hold            no weight update asked admission to stop (drain, in_place cache flush)
-    off_policy      next_batch_step - served_version <= K     (never create a group that cannot ship);
+    off_policy      landing_batch - served_version <= K       (never create a group that cannot ship):
+                    landing_batch = next_batch_step + live_groups // batch_groups is the batch the new
+                    group ships in at the latest when live groups ship earliest deadline first
+                    (`shipping.py`: with the sink's cut rule, no admitted group is cancelled or stale);
                     with a deterministic schedule (`schedule.py`) also: the next slot's version is served
     buffer_full     inflight_groups + buffered_groups + 1 <= max_buffered_groups
     inflight_limit  group granularity:  inflight_groups + 1 <= max_inflight_groups
@@ -69,7 +72,7 @@ class AdmissionController:
         groups = self.groups
         if self._holds > 0:
             return "hold"
-        if not groups.can_ship(self.served_version):
+        if groups.landing_batch() - self.served_version > groups.max_off_policy_steps:
             return "off_policy"
         if self.schedule is not None and self.schedule.blocked(self.served_version):
             return "off_policy"

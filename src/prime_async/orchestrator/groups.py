@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
+from prime_async.orchestrator.shipping import lands_in
 from prime_async.orchestrator.types import Group
 
 State = Literal["inflight", "buffered", "trained", "dropped_stale", "filtered", "errored", "cancelled"]
@@ -69,16 +70,20 @@ class GroupTable:
         self,
         *,
         group_size: int,
+        batch_groups: int,
         max_off_policy_steps: int,
         data: PromptReturns,
         retry_unused: bool,
         max_dropped_groups_per_step: int,
         next_batch_step: int = 0,
+        retry_cancelled: bool = True,
     ):
         self.group_size = group_size
+        self.batch_groups = batch_groups
         self.max_off_policy_steps = max_off_policy_steps
         self.data = data
         self.retry_unused = retry_unused
+        self.retry_cancelled = retry_cancelled
         self.max_dropped_groups_per_step = max_dropped_groups_per_step
         self.next_batch_step = next_batch_step
         self.dispatched = 0
@@ -173,7 +178,7 @@ class GroupTable:
             self._ended["cancelled"] += live.trajectories
             self.running_episodes -= live.unfinished
             self._window["cancelled"] += 1
-            self._unused(live.group, retry=True)
+            self.data.unused_group(live.group, retry=self.retry_cancelled or self.retry_unused)
             self._left_inflight()
         return doomed
 
@@ -200,6 +205,19 @@ class GroupTable:
     def can_ship(self, dispatch_version: int) -> bool:
         """Whether a group dispatched at `dispatch_version` may still be trained in some future batch."""
         return self.next_batch_step - dispatch_version <= self.max_off_policy_steps
+
+    def deadline(self, group: Group) -> int:
+        """The last batch `group` can be trained in."""
+        return self.deadline_of(group.dispatch_version)
+
+    def deadline_of(self, dispatch_version: int) -> int:
+        """The last batch a group dispatched at `dispatch_version` can be trained in."""
+        return dispatch_version + self.max_off_policy_steps
+
+    def landing_batch(self) -> int:
+        """The batch a group admitted now ships in at the latest (live groups ship by earliest deadline)."""
+        live = len(self._inflight) + len(self._buffered)
+        return lands_in(self.next_batch_step, live, self.batch_groups)
 
     def is_inflight(self, group_id: int) -> bool:
         return group_id in self._inflight

@@ -13,6 +13,10 @@ Invariants:
 - THE staleness guarantee: `get_batch(step)` sweeps every buffered group and drops each with
   `step - dispatch_version > K` before it takes anything, on every attempt, so no returned group is
   ever staler than K (in-flight cancellation only saves compute);
+- the shipping plan (`shipping.py`): a batch takes finished groups earliest deadline (oldest dispatch
+  version) first, and the cut waits for a group in flight rather than leave a live group without a batch
+  by its deadline, whenever waiting can keep every deadline; with admission's landing rule nothing
+  admitted is then cancelled or dropped stale;
 - `put` ends every group it is given with exactly one move: accept (into buffered) or drop;
 - the retry rule and the dropped-groups limit are the group table's: filtered groups are never
   retried; stale/errored ones are when `unused_handler = "retry"`;
@@ -30,6 +34,7 @@ from typing import Any, Protocol
 from prime_async.config.orchestrator import SinkConfig
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.schedule import DeterministicSchedule
+from prime_async.orchestrator.shipping import feasible
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.types import Episode
 
@@ -106,10 +111,21 @@ class TrainSink:
                 self.groups.drop(group, "stale")
 
     def _select(self, step: int) -> list[Group] | None:
-        if self.cfg.order == "fifo":
-            if self.groups.num_buffered_groups < self.batch_groups:
-                return None
-            return self.groups.buffered()[: self.batch_groups]
+        """The batch to cut now, or None to wait for a group in flight (see `_keeps_deadlines`)."""
+        batch = self._fifo(step) if self.cfg.order == "fifo" else self._windowed(step)
+        if batch is None or self._keeps_deadlines(batch, step):
+            return batch
+        return None
+
+    def _fifo(self, step: int) -> list[Group] | None:
+        """The `batch_groups` finished groups with the earliest deadlines (oldest dispatch), arrival order
+        among equals."""
+        if self.groups.num_buffered_groups < self.batch_groups:
+            return None
+        by_deadline = sorted(self.groups.buffered(), key=lambda g: g.dispatch_version)
+        return by_deadline[: self.batch_groups]
+
+    def _windowed(self, step: int) -> list[Group] | None:
         limit = self.batch_groups + self._window
         candidates: list[Group | None] = []
         for group, buffered in self.groups.in_dispatch_order():
@@ -120,6 +136,21 @@ class TrainSink:
             candidates.append(group if buffered else None)
         ready = [g for g in candidates if g is not None]
         return ready[: self.batch_groups] if len(ready) >= self.batch_groups else None
+
+    def _keeps_deadlines(self, batch: list[Group], step: int) -> bool:
+        """Whether cutting `batch` leaves every other live group a batch by its deadline (`shipping.py`).
+
+        False only when waiting can help: the best batch of all live groups (earliest deadlines, in
+        flight ones included) would keep them all, so a group still in flight is needed now. When even
+        that batch cannot, the cut goes ahead (the latest deadlines lose: counted as cancelled or stale).
+        """
+        live = [group for group, _ in self.groups.in_dispatch_order()]
+        taken = {g.group_id for g in batch}
+        rest = [self.groups.deadline(g) for g in live if g.group_id not in taken]
+        if feasible(rest, step + 1, self.batch_groups):
+            return True
+        deadlines = sorted(self.groups.deadline(g) for g in live)
+        return not feasible(deadlines[self.batch_groups :], step + 1, self.batch_groups)
 
     def _apply_overlong(self, group: Group) -> None:
         kept: list[Episode] = []
