@@ -104,6 +104,7 @@ def test_reverse_text_episode(engine: HFEngineClient, tokenizer: Any, tiny_model
         check_alignment(ep, version=7)
         sampled = [t for t, m in zip(ep.token_ids, ep.loss_mask, strict=True) if m]
         assert sampled == out, "the trained tokens are exactly what the engine sampled"
+        assert ep.metrics["sampled_tokens"] == len(out), "the length bias's unit: what the seat sampled"
         text = tokenizer.decode(ep.token_ids)
         assert text.startswith("<|im_start|>system\n") and task.data.text in text
         reply = tokenizer.decode([t for t in sampled if t != tokenizer.eos_token_id]).strip()
@@ -231,6 +232,9 @@ def test_cancel_aborts_the_engine_request(engine: HFEngineClient, tiny_model_dir
             await task
         assert len(engine.abort_log) == aborts_before + 1
         assert source.counts["cancelled"] == 1 and not source.gateway.sessions
+        # the length bias's record: one trajectory, what the aborted request had sampled (engine key "0")
+        (lengths,) = source.cancelled_lengths.values()
+        assert list(source.cancelled_lengths) == ["0"] and len(lengths) == 1 and lengths[0] >= 0
         # the source keeps working after a cancel
         return await source.run_episode(example_id=1, engine_key="0", sampling=SAMPLING)
 
