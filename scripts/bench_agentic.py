@@ -8,14 +8,18 @@ Usage:
 
 Each K runs `rl` to completion on the same config with `--orchestrator.max-off-policy-steps K` only (the
 admission buffer follows K by default: `max_buffered_groups = (K + 1) * batch_groups`, groups in flight
-plus finished-untrained; admission's landing rule admits fewer when the orchestrator is ahead; pass `--orchestrator.max-buffered-groups N` to pin it). Printed:
+plus finished-untrained; admission's landing rule admits fewer when the orchestrator is
+ahead; pass `--orchestrator.max-buffered-groups N` to pin it). Printed:
 
   episodes     the length distribution of every finished episode of every run (`metrics/episodes.jsonl`):
                turns, tokens (prompt + completion), wall seconds, at p50 / p90 / p99 / max
   per K        step (s): mean orchestrator step time after step 0; speed-up: sync step / this step;
                engine busy: mean `engine/busy_fraction` (share of wall time the engine spent in forward
                steps); trainer idle: waiting-for-batch time / trainer wall time; staleness: share of
-               trained groups at staleness 0, 1, ...; dropped: groups dropped as stale; reward first/last:
+               trained groups at staleness 0, 1, ...; dropped: trajectories dropped as stale; cancelled:
+               cancelled / dispatched trajectories (`ledger/*`); prompts lost: prompts issued and never
+               trained (`ledger/prompts_lost`); length bias: the run's last `rollout/length_bias`;
+               reward first/last:
                mean of the first / last `--window` steps (+- the standard error of the last window)
   time to reward  two robust definitions, each as a ratio to the sync run (< 1: async is faster):
                gain90: wall time until the run's smoothed reward (trailing `--window` mean) first reaches
@@ -57,6 +61,9 @@ class KResult:
     trainer_idle: float
     staleness: dict[int, float]
     dropped: float
+    cancelled_share: float
+    prompts_lost: float
+    length_bias: float | None
     wall_s: float
 
 
@@ -90,13 +97,17 @@ def summarize(k: int, run_dir: Path) -> KResult:
                 groups[s] = groups.get(s, 0.0) + value * r["rollout/trained_groups"]
     total = sum(groups.values()) or 1.0
     clock = run.wall_clock()
+    last = max(run.orchestrator, key=lambda r: r["step"])
     return KResult(
         k=k, run=run, episodes=read_jsonl(run_dir / "metrics" / "episodes.jsonl"),
         step_s=statistics.fmean(r["time/step"] for r in orch),
         engine_busy=statistics.fmean(busy) if busy else None,
         trainer_idle=waited / max(waited + worked, 1e-9),
         staleness={s: n / total for s, n in sorted(groups.items())},
-        dropped=max((r.get("ledger/dropped_stale", 0.0) for r in run.orchestrator), default=0.0),
+        dropped=last.get("ledger/dropped_stale", 0.0),
+        cancelled_share=last.get("ledger/cancelled", 0.0) / max(last.get("ledger/dispatched", 0.0), 1.0),
+        prompts_lost=last.get("ledger/prompts_lost", 0.0),
+        length_bias=last.get("rollout/length_bias"),
         wall_s=max(clock.values()),
     )  # fmt: skip
 
@@ -148,9 +159,10 @@ def print_table(results: list[KResult], window: int) -> None:
     sync_auc = reward_auc(sync.run, horizon)
     print(f"\ntime to reward: gain90 target {target:.3f} (sync first {window} {start:.3f} + 0.9 x gain "
           f"{gain:.3f}); auc over the first {horizon:.0f} s")  # fmt: skip
-    print("| K | step (s) | speed-up | engine busy | trainer idle | staleness 0/1/2/.. | dropped | reward "
-          "first | reward last | gain90 (s) | gain90 ratio | auc | auc ratio |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| K | step (s) | speed-up | engine busy | trainer idle | staleness 0/1/2/.. | dropped | cancelled "
+          "| prompts lost | length bias | reward first | reward last | gain90 (s) | gain90 ratio | auc "
+          "| auc ratio |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         _, values = rewards(r.run)
         last = values[-window:]
@@ -160,7 +172,9 @@ def print_table(results: list[KResult], window: int) -> None:
             str(r.k), f"{r.step_s:.2f}", f"{sync.step_s / r.step_s:.2f}x",
             "-" if r.engine_busy is None else f"{r.engine_busy:.2f}", f"{r.trainer_idle:.2f}",
             "/".join(f"{r.staleness.get(s, 0.0):.2f}" for s in range(max(r.staleness, default=0) + 1)),
-            f"{r.dropped:.0f}", f"{statistics.fmean(values[:window]):.3f}",
+            f"{r.dropped:.0f}", f"{r.cancelled_share:.1%}", f"{r.prompts_lost:.0f}",
+            "-" if r.length_bias is None else f"{r.length_bias:.2f}",
+            f"{statistics.fmean(values[:window]):.3f}",
             f"{statistics.fmean(last):.3f} +- {err:.3f}",
             "-" if hit is None else f"{hit:.0f}",
             "-" if hit is None or not sync_hit else f"{hit / sync_hit:.2f}x",

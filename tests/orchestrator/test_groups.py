@@ -57,7 +57,9 @@ def test_counts_follow_a_group_in_trajectories_split_and_filtered():
     assert table.counts()["trained"] == 3 and table.next_batch_step == 1
     table.check()
     m = table.window_metrics()
-    assert {k for k in m if k.startswith("ledger/")} == {f"ledger/{s}" for s in (*STATES, "dispatched")}
+    assert {k for k in m if k.startswith("ledger/")} == {
+        f"ledger/{s}" for s in (*STATES, "dispatched", "prompts_lost")
+    }
     assert m["ledger/dispatched"] == sum(m[f"ledger/{s}"] for s in STATES) == 6
 
 

@@ -21,6 +21,8 @@ def _write_run(run: Path, k: int, step_time: float, rewards: list[float]) -> Non
             "engine/busy_fraction": 0.25 if k == 0 else 0.75, "rollout/trained_groups": 2,
             "rollout/data_staleness/ratio_0": 1.0 if k == 0 else 0.5,
             **({} if k == 0 else {"rollout/data_staleness/ratio_1": 0.5}), "ledger/dropped_stale": float(k),
+            "ledger/dispatched": 20.0 * (step + 1), "ledger/cancelled": float(k * step),
+            "ledger/prompts_lost": 0.0, "rollout/length_bias": 1.0 - 0.05 * k,
         })  # fmt: skip
         trainer.append({"step": step, "time/wait_for_batch": 3.0 if k == 0 else 1.0, "time/train": 1.0,
                         "time/publish_weights": 0.0})  # fmt: skip
@@ -42,6 +44,8 @@ def test_report_of_a_sync_and_an_async_run(tmp_path: Path) -> None:
     sync, asyn = rows["0"], rows["2"]
     assert sync[1:5] == ["8.00", "1.00x", "0.25", "0.75"] and asyn[1:5] == ["2.00", "4.00x", "0.75", "0.50"]
     assert sync[5] == "1.00" and asyn[5] == "0.50/0.50" and asyn[6] == "2"
+    # the last row: 14 of 160 trajectories cancelled, no prompt lost, the length bias
+    assert sync[7:10] == ["0.0%", "0", "1.00"] and asyn[7:10] == ["8.8%", "0", "0.90"]
     # gain90: target 0.2 + 0.9 * 0.6 = 0.74, first reached by the smoothed curve at step 5: 48 s vs 12 s
-    assert (sync[9], asyn[9], asyn[10]) == ("48", "12", "0.25x")
-    assert float(asyn[12].rstrip("x")) > 1.0  # more reward in the same time budget
+    assert (sync[12], asyn[12], asyn[13]) == ("48", "12", "0.25x")
+    assert float(asyn[15].rstrip("x")) > 1.0  # more reward in the same time budget

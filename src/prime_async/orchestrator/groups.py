@@ -96,6 +96,7 @@ class GroupTable:
         self._idle = asyncio.Event()
         self._idle.set()
         self._dropped_since_cut = 0
+        self._prompts_lost = 0
         self._window: Counter[str] = Counter()
 
     # -- moves -----------------------------------------------------------------------------------------
@@ -154,7 +155,10 @@ class GroupTable:
         del source[gid]
         self._ended[_DROPPED[reason]] += live.trajectories
         self._window[f"dropped_{reason}"] += 1
-        self._unused(group, retry=reason != "filtered")
+        if reason == "filtered":
+            self.data.unused_group(group, retry=False)  # its content was judged: never retried, not lost
+        else:
+            self._unused(group, retry=True)
         if source is self._inflight:
             self._left_inflight()
         self.changed.set()
@@ -178,7 +182,7 @@ class GroupTable:
             self._ended["cancelled"] += live.trajectories
             self.running_episodes -= live.unfinished
             self._window["cancelled"] += 1
-            self.data.unused_group(live.group, retry=self.retry_cancelled or self.retry_unused)
+            self._return_prompt(live.group, retry=self.retry_cancelled or self.retry_unused)
             self._left_inflight()
         return doomed
 
@@ -276,6 +280,7 @@ class GroupTable:
         """`ledger/*` (cumulative), buffer sizes, drops and cancels since the last call (then reset)."""
         out = {f"ledger/{state}": float(n) for state, n in self.counts().items()}
         out["ledger/dispatched"] = float(self.dispatched)
+        out["ledger/prompts_lost"] = float(self._prompts_lost)
         out["rollout/buffer/inflight_groups"] = float(len(self._inflight))
         out["rollout/buffer/size"] = float(len(self._buffered))
         drops = {reason: self._window[f"dropped_{reason}"] for reason in get_args(DropReason)}
@@ -299,4 +304,11 @@ class GroupTable:
         self.returned.set()
 
     def _unused(self, group: Group, *, retry: bool) -> None:
-        self.data.unused_group(group, retry=retry and self.retry_unused)
+        """A stale or errored group: its prompt is retried when `retry_unused`."""
+        self._return_prompt(group, retry=retry and self.retry_unused)
+
+    def _return_prompt(self, group: Group, *, retry: bool) -> None:
+        """Tell the prompt source; a prompt not retried was issued and never trained (`prompts_lost`)."""
+        if not retry:
+            self._prompts_lost += 1
+        self.data.unused_group(group, retry=retry)
