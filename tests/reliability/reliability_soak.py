@@ -25,7 +25,7 @@ BUCKETS = ("inflight", "buffered", "trained", "dropped_stale", "filtered", "erro
 
 @dataclass
 class Kill:
-    component: str  # inference | trainer | orchestrator
+    component: str  # inference | trainer | orchestrator | teacher_inference
     at_step: int  # after this many orchestrator metric rows exist
     after: str | None = None  # ... and once this path (relative to the run's output dir) exists
     pid: int = 0
@@ -65,6 +65,7 @@ RECOVERED = {
     "inference": ("orchestrator", "engines healthy again"),
     "trainer": ("trainer", "resumed from"),
     "orchestrator": ("orchestrator", "resumed from orchestrator checkpoint"),
+    "teacher_inference": ("orchestrator", "teacher answers again"),
 }
 
 
