@@ -92,7 +92,8 @@ class RestartConfig(BaseConfig):
         0,
         ge=0,
         description="Restarts allowed per component (0 = any death fails the run). Inference comes back "
-        "with the newest STABLE broadcast, trainer and orchestrator with resume = true.",
+        "with the newest STABLE broadcast, the teacher's engine with its own config, trainer and "
+        "orchestrator with resume = true.",
     )
     backoff_s: float = Field(1.0, ge=0, description="Seconds to wait before restarting a dead component.")
 
