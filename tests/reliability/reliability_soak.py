@@ -31,6 +31,8 @@ class Kill:
     pid: int = 0
     time: float = 0.0  # time.time() of the signal
     signum: int = signal.SIGKILL  # SIGTERM: a planned stop
+    again_after_log: str | None = None  # send the signal again once the component logged this line
+    repeated: bool = False  # ... and it was still running then
 
 
 @dataclass
@@ -87,11 +89,32 @@ def _killer(run: SoakRun, stop: threading.Event) -> None:
             stop.wait(0.05)
         else:
             return
+        if kill.again_after_log is not None:
+            _signal_again(run, kill, logs, stop)
         deadline = time.monotonic() + 60.0
         while not stop.is_set() and time.monotonic() < deadline and not _back(run.out, kill, logs):
             stop.wait(0.05)
         # no settle time: a tiny-config step takes ~0.1 s, so a pause here let the run end before the
         # last kill (its component then was never killed)
+
+
+def _signal_again(run: SoakRun, kill: Kill, sizes: dict[str, int], stop: threading.Event) -> None:
+    """Send `kill.signum` to the killed process again once its log has `kill.again_after_log` past the
+    log's size at the kill (at most 60 s); `kill.repeated` says whether it was still there to get it."""
+    path = run.out / "logs" / f"{kill.component}.log"
+    deadline = time.monotonic() + 60.0
+    while not stop.is_set() and time.monotonic() < deadline:
+        if path.exists():
+            with path.open("rb") as f:
+                f.seek(sizes.get(kill.component, 0))
+                if kill.again_after_log.encode() in f.read():
+                    try:
+                        os.kill(kill.pid, kill.signum)
+                        kill.repeated = True
+                    except ProcessLookupError:  # tolerated: it exited first; the caller sees repeated
+                        pass
+                    return
+        stop.wait(0.005)
 
 
 def _log_size(out: Path, name: str) -> int:

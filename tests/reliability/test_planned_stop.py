@@ -1,6 +1,9 @@
 """A planned stop (SIGTERM) of the orchestrator in the middle of multi-turn episodes: `rl` restarts it
 alone, the work in flight is carried over (finished episodes reused, recorded turns replayed, the cut
-turn continued), the trainer goes on without a rollback, and the ledger and the prompt lineage hold."""
+turn continued), the trainer goes on without a rollback, and the ledger and the prompt lineage hold.
+A second SIGTERM once the planned-stop checkpoint is written (the teardown) changes nothing, and the
+trainer trained the stopped lifetime's batches up to the checkpoint and the resumed one's after it (its
+rows name the lifetime that cut each batch)."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ def test_sigterm_of_the_orchestrator_keeps_the_work_in_flight(tiny_model_dir: Pa
     steps = 8
     run = SoakRun(
         out=tmp_path / "run", steps=steps, k=1, pause_mode="retract", max_buffered_groups=4,
-        kills=[Kill("orchestrator", 3, signum=signal.SIGTERM)],
+        kills=[Kill("orchestrator", 3, signum=signal.SIGTERM, again_after_log="planned stop: checkpoint of")],
     )  # fmt: skip
     run_rl(run, model_dir=tiny_model_dir, timeout_s=800, config=CONFIG, trainer_ckpt_interval=4)
     logs = {p.stem: p.read_text() for p in (run.out / "logs").glob("*.log")}
@@ -56,12 +59,20 @@ def test_sigterm_of_the_orchestrator_keeps_the_work_in_flight(tiny_model_dir: Pa
     print(
         f"carried {last['resume/carried_tokens']:.0f} sampled tokens in {last['resume/carried_groups']:.0f} "
         f"groups; reused {reused:.0f} (replayed {last['resume/replayed_tokens']:.0f}, continued "
-        f"{last['resume/continued_tokens']:.0f}, finished {last['resume/reused_finished_tokens']:.0f})"
+        f"{last['resume/continued_tokens']:.0f}, finished {last['resume/reused_finished_tokens']:.0f}); "
+        f"second SIGTERM in the teardown delivered: {run.kills[0].repeated}"
     )
 
-    # the trainer trained every step once (no rollback), the ledger balances in both lifetimes
+    # a SIGTERM repeated during the teardown was ignored (the stop stayed planned: asserted above)
+    if run.kills[0].repeated:
+        assert "SIGTERM again: the orchestrator is already stopping (ignored)" in logs["orchestrator"]
+
+    # the trainer trained every step once (no rollback), each from the lifetime that owns it: the stopped
+    # one up to the checkpoint, the resumed one (first step stop_step + 1) after it
     trainer = read_jsonl(run.out / "metrics" / "trainer.jsonl")
     assert [m["step"] for m in trainer] == list(range(steps))
+    cut_by = [(m["step"], int(m["batch/lifetime_start"])) for m in trainer]
+    assert cut_by == [(s, 0 if s <= stop_step else stop_step + 1) for s in range(steps)], cut_by
     for m in orch:
         assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in BUCKETS), m
         assert 0 <= m["rollout/data_staleness/min"] <= m["rollout/data_staleness/max"] <= run.k, m

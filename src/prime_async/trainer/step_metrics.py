@@ -13,10 +13,13 @@ def timing_metrics(
 ) -> dict[str, float]:
     """`time/*`, `perf/tokens_per_s` (tokens the model ran, whole batch, all ranks),
     `perf/sample_tokens_per_s` (episode tokens trained: a shared prompt counts once per episode, as if
-    unshared; equal to the former without shared prefixes) and the batch's loss-token count."""
+    unshared; equal to the former without shared prefixes), the batch's loss-token count, and the
+    orchestrator's `batch/*` metrics of the batch trained (`batch/lifetime_start`: which lifetime of the
+    orchestrator cut it)."""
     num_tokens = sum(sum(rank) for rank in batch.layout)
     seconds = max(t_trained - t_batch, 1e-9)
     return {
+        **{name: value for name, value in batch.metrics.items() if name.startswith("batch/")},
         "time/wait_for_batch": t_batch - t_start,
         "time/train": t_trained - t_batch,
         "time/publish_weights": t_published - t_trained,
