@@ -2,7 +2,9 @@
 
     signal ──► admission held, weight watcher stopped (engines told to continue: none is left paused)
            ──► every gateway frozen: in-flight engine requests aborted, their partial output recorded
-           ──► checkpoint of step d = the newest batch every trainer rank has fetched, whose pending groups
+           ──► (first, in one atomic step with the batch sender: `BatchSender.stop_serving`) the batch
+               stream is frozen: no batch newer than d is served by this lifetime any more
+           ──► checkpoint of step d = the newest batch the trainer has fetched, whose pending groups
                are the batches cut after d (not fetched: the trainer never saw them), the buffered groups
                and the groups in flight, each with its carried work (`carry.py`); checkpoints of steps
                after d are moved aside (`.undelivered_step_<n>.json`)

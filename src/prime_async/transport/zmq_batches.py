@@ -14,6 +14,8 @@ Invariants:
   serves it from the cache. A step that was evicted gets an `ErrorReply`, and the trainer fails loudly
   (`transport.resend_window` >= the trainer's `ckpt.interval` makes every restart servable);
 - step `n` is answered with batch `n` only; a receiver that gets anything else raises `WireError`;
+- after `stop_serving` (a planned stop) no step newer than the one it returned is answered: the stopped
+  lifetime's checkpoint carries those batches, the resumed lifetime cuts and serves them;
 - array frames are sent with `copy=False` from the cached arrays; nothing is pickled.
 The sender's socket lives in one background thread (ZeroMQ sockets are not thread-safe); its failures are
 re-raised by the next `send`/`wait_ready`.
