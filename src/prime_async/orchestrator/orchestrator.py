@@ -324,7 +324,6 @@ async def _produce(
             teacher=cfg.teacher,
         )
         batch.metrics["batch/lifetime_start"] = float(comps.start_step)  # whose batch the trainer trains
-        batch.metrics["batch/lifetime_start"] = float(comps.start_step)  # whose batch the trainer trains
         comps.length_bias.trained(groups)
         comps.undelivered[step] = groups  # until the trainer fetched it: a planned stop carries them
         if on_step is not None:
