@@ -67,6 +67,14 @@ class EngineConfig(BaseConfig):
     num_threads: int = Field(
         1, ge=1, description="torch intra-op threads on CPU (1: the trainer shares the cores)."
     )
+    mem_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of its GPU the embedded engine may allocate: weights and the KV cache (torch's "
+        "per-process memory fraction; CPU: not enforced). Required with weights.transport = 'shared' "
+        "(one device shared with the trainer): trainer.mem_fraction + this <= 1. None = no cap.",
+    )
     seed: int = Field(0, description="Seed of the sampler for requests without `sampling_seed`.")
     kernels: Literal["packed", "dense"] = Field(
         "packed",

@@ -108,6 +108,8 @@ def check_rl(cfg: RLConfig) -> None:
         _check_lora(cfg)
     if cfg.router_replay:
         _check_router_replay(cfg)
+    if cfg.weights.transport == "shared":
+        _check_shared_weights(cfg)
 
 
 def _check_router_replay(cfg: RLConfig) -> None:
@@ -146,10 +148,10 @@ def _check_lora(cfg: RLConfig) -> None:
             "set restart.max_restarts = 0 (with lora, a component that dies or a planned stop of the "
             "orchestrator ends the run: `rl` cannot resume a run)"
         )
-    if cfg.weights.transport == "distributed":
+    if cfg.weights.transport != "filesystem":
         raise ValueError(
-            "lora with weights.transport = 'distributed': adapters travel as PEFT directories on the "
-            "filesystem only; set weights.transport = 'filesystem'"
+            f"lora with weights.transport = '{cfg.weights.transport}': adapters travel as PEFT directories "
+            "on the filesystem only; set weights.transport = 'filesystem'"
         )
     needed = lora_slots_needed(orch.max_off_policy_steps, orch.weights.update_interval)
     engines = [("inference", cfg.inference)]
@@ -164,3 +166,46 @@ def _check_lora(cfg: RLConfig) -> None:
                 f"adapters are loaded at once; raise {section}.max_loaded_loras or leave it unset (rl "
                 "derives it from K)"
             )
+
+
+# The device shares `use_shared_weights` states when the user left them unset: the trainer holds weights,
+# gradients, optimizer state and its lent versions; the engine weights and KV cache; ~10% stays free for
+# the two CUDA contexts and what no allocator caps.
+SHARED_TRAINER_FRACTION, SHARED_ENGINE_FRACTION = 0.5, 0.4
+
+
+def _check_shared_weights(cfg: RLConfig) -> None:
+    """`weights.transport = "shared"`: the embedded engine only, and each side's stated device share."""
+    if cfg.inference.backend == "sglang":
+        raise ValueError(
+            "weights.transport = 'shared' with inference.backend = 'sglang': SGLang's "
+            "/update_weights_from_tensor takes pickled tensors, which this project never sends; use "
+            "the embedded engine (backend = 'torch'), or weights.transport = 'filesystem' with SGLang"
+        )
+    trainer, engine = cfg.trainer.mem_fraction, cfg.inference.engine.mem_fraction
+    if trainer is None or engine is None:
+        raise ValueError(
+            f"weights.transport = 'shared' with trainer.mem_fraction = {trainer} and "
+            f"inference.engine.mem_fraction = {engine}: trainer and engine share one device, state each "
+            f"share (e.g. {SHARED_TRAINER_FRACTION} and {SHARED_ENGINE_FRACTION})"
+        )
+    if trainer + engine > 1:
+        raise ValueError(
+            f"trainer.mem_fraction = {trainer} with inference.engine.mem_fraction = {engine}: they share one "
+            f"device (weights.transport = 'shared') and their sum {trainer + engine:g} exceeds 1; lower them"
+        )
+
+
+def use_shared_weights(cfg: RLConfig) -> RLConfig:
+    """`cfg` with `weights.transport = "shared"` and the device shares stated (the user's, else
+    SHARED_TRAINER_FRACTION and SHARED_ENGINE_FRACTION), re-validated: what `rl`'s placement applies when
+    trainer and engine land on one device (`config/placement.py`). ValueError (one line) when the
+    result is refused (e.g. SGLang, LoRA, the shares' sum above 1)."""
+    from prime_async.config.rl import RLConfig, explicit_values
+
+    data = explicit_values(cfg)
+    data.setdefault("weights", {})["transport"] = "shared"
+    data.setdefault("trainer", {}).setdefault("mem_fraction", SHARED_TRAINER_FRACTION)
+    engine = data.setdefault("inference", {}).setdefault("engine", {})
+    engine.setdefault("mem_fraction", SHARED_ENGINE_FRACTION)
+    return RLConfig.model_validate(data)

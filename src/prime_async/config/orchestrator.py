@@ -48,6 +48,28 @@ MOVED_TO_WEIGHTS = {
 }
 
 
+def _check_shared_hosts(cfg: OrchestratorConfig) -> None:
+    """`weights.transport = "shared"`: the trainer (it connects to `transport.host`) and every engine on
+    this host, reached over loopback; the engine checks the trainer's hostname again when it maps."""
+    from urllib.parse import urlsplit
+
+    loopback = {"127.0.0.1", "localhost", "::1"}
+    for i, url in enumerate(cfg.inference.base_urls):
+        host = urlsplit(url).hostname or ""
+        if host not in loopback:
+            raise ValueError(
+                f"weights.transport = 'shared' with inference.base_urls[{i}] = {url!r}: the engines map the "
+                "trainer's shared memory, so trainer and engines must run on one host (loopback URLs); use "
+                "weights.transport = 'distributed' or 'filesystem' across hosts"
+            )
+    if cfg.transport.host not in loopback:
+        raise ValueError(
+            f"weights.transport = 'shared' with transport.host = {cfg.transport.host!r}: trainer and engines "
+            "must run on one host (the trainer connects over loopback); use weights.transport = "
+            "'distributed' or 'filesystem' across hosts"
+        )
+
+
 class InferenceClientConfig(BaseConfig):
     """Which inference engines the orchestrator talks to (SGLang native HTTP API)."""
 
@@ -382,12 +404,15 @@ class OrchestratorConfig(BaseConfig):
                 f"deterministic = true composes batches by its own schedule: remove sink.import_path "
                 f"({self.sink.import_path!r})"
             )
-        if self.weights.transport == "distributed" and self.eval.envs:
+        transport = self.weights.transport
+        if transport != "filesystem" and self.eval.envs:
             raise ValueError(
-                "eval.envs with weights.transport = 'distributed': eval while training finds its versions in "
-                "the broadcast directory, which the distributed transport writes only at checkpoint steps; "
-                "use weights.transport = 'filesystem' for a run with eval"
+                f"eval.envs with weights.transport = '{transport}': eval while training finds its versions "
+                f"in the broadcast directory, which the {transport} transport writes only at checkpoint "
+                "steps; use weights.transport = 'filesystem' for a run with eval"
             )
+        if self.weights.transport == "shared":
+            _check_shared_hosts(self)
         check_orchestrator(self)
         # Admission's landing rule (orchestrator/shipping.py) never lets more than K + 1 batches of groups
         # live: a larger buffer is never filled.

@@ -82,9 +82,10 @@ class SFTConfig(TrainerConfig):
                              "NLL of the data); remove these keys")  # fmt: skip
         if self.router_replay:
             raise ValueError("router_replay with sft: SFT data has no engine routing to replay; unset it")
-        if self.weights.transport == "distributed":
-            raise ValueError("weights.transport = 'distributed' with sft: there are no engines to broadcast "
-                             "to; use 'filesystem' (versions land in output_dir/broadcasts)")  # fmt: skip
+        if self.weights.transport != "filesystem":
+            raise ValueError(f"weights.transport = '{self.weights.transport}' with sft: there are no "
+                             "engines to hand weights to; use 'filesystem' (versions land in "
+                             "output_dir/broadcasts)")  # fmt: skip
         if self.max_steps is None:
             raise ValueError("max_steps: sft needs a number of steps (epochs = max_steps * batch / examples)")
         return self

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from prime_async.config.base import BaseConfig
-from prime_async.types import PauseMode
+from prime_async.types import PauseMode, WeightTransport
 
 
 class ModelConfig(BaseConfig):
@@ -110,6 +110,9 @@ class WeightsConfig(BaseConfig):
     distributed: a torch.distributed group (trainer rank 0 + every engine rank; SGLang's
     `/init_weights_update_group`, `/update_weights_from_distributed`), broadcast in buckets; the broadcast
     directory is then written only at checkpoint steps and at the last step (restarts load from it).
+    shared: trainer rank 0 and the engines on one host or one GPU, no process group: the trainer keeps
+    each version in shared memory (CPU: a /dev/shm segment; CUDA: a buffer lent by IPC handle) and the
+    engines copy from it (`/update_weights_from_tensor`); broadcasts as for distributed.
     Either way the trainer announces each version on the control channel, so updates are event-driven."""
 
     pause_mode: PauseMode = Field(
@@ -122,8 +125,10 @@ class WeightsConfig(BaseConfig):
         description="Fallback poll of the weight watcher for a new STABLE broadcast; the trainer's "
         "`Published` event on the control channel wakes it at once.",
     )
-    transport: Literal["filesystem", "distributed"] = Field(
-        "filesystem", description="filesystem = broadcasts/step_N on disk; distributed = torch.distributed."
+    transport: WeightTransport = Field(
+        "filesystem",
+        description="filesystem = broadcasts/step_N on disk; distributed = torch.distributed; shared = "
+        "shared memory / CUDA IPC, trainer rank 0 and the engines on one host or GPU (docs/weights.md).",
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto",

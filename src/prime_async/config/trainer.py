@@ -276,6 +276,14 @@ class TrainerConfig(BaseConfig):
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (None = 1 on CPU, torch default on GPU)."
     )
+    mem_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of its GPU each trainer rank may allocate (torch's per-process memory "
+        "fraction; CPU: not enforced). Required with weights.transport = 'shared' (one device shared with "
+        "the engine): trainer.mem_fraction + inference.engine.mem_fraction <= 1. None = no cap.",
+    )
     seed: int = Field(0, description="Seed of torch RNG (dropout-free models are deterministic anyway).")
     deterministic: bool = Field(
         False,

@@ -154,6 +154,36 @@ class UpdateWeightsFromDistributedReqInput(_Strict):
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+class UpdateWeightsFromTensorReqInput(_Strict):
+    """SGLang's `/update_weights_from_tensor` payload shape. SGLang's entries are pickled tensors; the
+    embedded engine never unpickles: it takes exactly one entry, the JSON text of a shared-memory version
+    (`weights/shared_wire.py`), with `load_format = SHARED_LOAD_FORMAT`, and refuses anything else."""
+
+    serialized_named_tensors: list[str] = Field(min_length=1, max_length=1)
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    torch_empty_cache: bool = False
+
+    @field_validator("load_format")
+    @classmethod
+    def _ours(cls, v: str | None) -> str | None:
+        from prime_async.weights.shared_wire import SHARED_LOAD_FORMAT
+
+        if v != SHARED_LOAD_FORMAT:
+            raise ValueError(
+                f"load_format {v!r}: the embedded engine takes only {SHARED_LOAD_FORMAT!r} (a JSON "
+                "shared-memory description); it never unpickles tensors"
+            )
+        return v
+
+    @field_validator("weight_version", mode="before")
+    @classmethod
+    def _version_str(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
 class LoadLoRAAdapterReqInput(_Strict):
     lora_name: str = Field(min_length=1)
     lora_path: str = Field(min_length=1)

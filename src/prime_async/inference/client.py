@@ -18,6 +18,7 @@ import httpx
 
 from prime_async.engine_api import EngineClient, EngineUnavailable, FinishType, GenerateResult
 from prime_async.types import EnginePauseMode
+from prime_async.weights.shared_wire import SHARED_LOAD_FORMAT, SharedVersion, encode_share
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +236,19 @@ class HttpEngineClient:
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
         await self._post_checked("/update_weights_from_distributed", payload)
+
+    async def update_weights_from_shared(
+        self, share: SharedVersion, *, weight_version: int, flush_cache: bool
+    ) -> None:
+        """Copy a version the trainer lends in shared memory (`weights.transport = "shared"`): the embedded
+        engine's `/update_weights_from_tensor` with our JSON description (`load_format =
+        SHARED_LOAD_FORMAT`), never a pickle. SGLang's route of that name takes pickled tensors: `rl`
+        refuses SGLang with this transport (docs/weights.md)."""
+        payload = {
+            "serialized_named_tensors": [encode_share(share)], "load_format": SHARED_LOAD_FORMAT,
+            "weight_version": str(weight_version), "flush_cache": flush_cache, "abort_all_requests": False,
+        }  # fmt: skip
+        await self._post_checked("/update_weights_from_tensor", payload)
 
     async def begin_weight_update(self) -> None:
         """Open SGLang's weight-update session (0.5.23 refuses /update_weights_from_distributed outside)."""

@@ -238,11 +238,13 @@ class Engine:
         return await self._call(lambda: self._update(model_path, version, flush_cache))
 
     async def load_tensors(
-        self, state: dict[str, torch.Tensor], version: str | None, *, flush_cache: bool, source: str
-    ) -> tuple[bool, str, int]:
-        """Copy a subset of the weights (one bucket of a distributed update), as `update_weights` does
-        from disk: only while paused or idle, ValueError on invalid tensors (nothing changed)."""
-        return await self._call(lambda: self._update_from(state, source, version, flush_cache))
+        self, state: dict[str, torch.Tensor], version: str | None, *, flush_cache: bool, source: str,
+        partial: bool = True,
+    ) -> tuple[bool, str, int]:  # fmt: skip
+        """Copy weights, as `update_weights` does from disk: only while paused or idle, ValueError on
+        invalid tensors (nothing changed). `partial`: a subset (one bucket of a distributed update);
+        otherwise every expected tensor must be there (a shared-memory version)."""
+        return await self._call(lambda: self._update_from(state, source, version, flush_cache, partial))
 
     async def set_weight_version(self, version: str) -> None:
         """Relabel the served version (SGLang `/update_weight_version`): tokens sampled from now carry it."""
@@ -464,11 +466,12 @@ class Engine:
         return self._after_load(f"{num_params} tensors from {model_path}", version, flush_cache)
 
     def _update_from(
-        self, state: dict[str, torch.Tensor], source: str, version: str | None, flush_cache: bool
-    ) -> tuple[bool, str, int]:
+        self, state: dict[str, torch.Tensor], source: str, version: str | None, flush_cache: bool,
+        partial: bool = True,
+    ) -> tuple[bool, str, int]:  # fmt: skip
         if self._running and not self.paused:
             raise _Defer
-        num = self.runner.load_state(state, source=source, partial=True)
+        num = self.runner.load_state(state, source=source, partial=partial)
         return self._after_load(f"{num} tensors from {source}", version, flush_cache)
 
     def _after_load(self, what: str, version: str | None, flush_cache: bool) -> tuple[bool, str, int]:

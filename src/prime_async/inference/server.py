@@ -6,6 +6,8 @@ delegates to `inference/sglang_launcher.py`.
 Routes: POST /generate (`lora_path` per prompt), /pause_generation, /continue_generation,
 /update_weights_from_disk, /init_weights_update_group, /begin_weight_update, /update_weights_from_distributed,
 /end_weight_update, /destroy_weights_update_group (gloo on CPU, nccl on CUDA; `weights/receiver.py`),
+/update_weights_from_tensor (a shared-memory version described in JSON, never a pickle;
+`weights/shared_memory.py`),
 /load_lora_adapter, /unload_lora_adapter, /update_weight_version, /abort_request; GET|POST /flush_cache;
 GET /model_info (alias /get_model_info), /health, /get_server_info. Invariants: a bad request is answered
 with HTTP 400 and `{"error": {"message"}}` and never reaches the engine, so the server keeps serving and the
@@ -35,12 +37,16 @@ from prime_async.inference.api import (
     UnloadLoRAAdapterReqInput,
     UpdateWeightsFromDiskReqInput,
     UpdateWeightsFromDistributedReqInput,
+    UpdateWeightsFromTensorReqInput,
     UpdateWeightVersionReqInput,
     generate_response,
     score_response,
 )
 from prime_async.inference.engine import Engine
+from prime_async.utils.mem_fraction import apply_mem_fraction
 from prime_async.weights.receiver import WeightReceiver
+from prime_async.weights.shared_memory import open_share
+from prime_async.weights.shared_wire import decode_share
 
 logger = logging.getLogger(__name__)
 
@@ -259,6 +265,24 @@ def _add_distributed_routes(app: FastAPI, engine: Engine, receiver: WeightReceiv
             return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
         return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
 
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(req: UpdateWeightsFromTensorReqInput) -> JSONResponse:
+        """A version the trainer lends in shared memory: map it, copy every tensor, unmap (old weights kept
+        on any error). The answer comes after the copy finished (CUDA: synchronized)."""
+        try:
+            share = decode_share(req.serialized_named_tensors[0])
+            if req.abort_all_requests:
+                await engine.abort(None, abort_all=True)
+            with open_share(share) as tensors:
+                ok, message, _ = await engine.load_tensors(
+                    tensors, req.weight_version, flush_cache=req.flush_cache, partial=False,
+                    source=f"shared memory (v{share.version})",
+                )  # fmt: skip
+        except (ValueError, RuntimeError) as exc:  # bad description, unmappable buffer, invalid tensors
+            logger.error("refused shared weights (v%s): %s", req.weight_version, exc)
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+        return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
     @app.post("/begin_weight_update")
     async def begin_weight_update() -> JSONResponse:
         """SGLang's weight-update session; the embedded engine loads in place and needs none (accepted)."""
@@ -338,6 +362,7 @@ def run(cfg: InferenceConfig) -> None:
     if cfg.server.port == 0:
         raise ValueError("server.port = 0 (a free port) works only under `rl`: give inference a port")
     engine = build_engine(cfg)
+    apply_mem_fraction(cfg.engine.mem_fraction, engine.runner.device, who="inference engine")
     app = build_app(engine, api_key=cfg.server.api_key, model_path=cfg.model.path, run_id=cfg.run_id)
     logger.info(
         "embedded engine serving %s on http://%s:%d", cfg.model.path, cfg.server.host, cfg.server.port

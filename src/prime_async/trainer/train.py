@@ -34,6 +34,7 @@ from prime_async.trainer.ckpt import checkpoint_steps, latest_checkpoint
 from prime_async.trainer.opd import apply_teacher_advantage
 from prime_async.trainer.step_metrics import build_monitor, log_step, timing_metrics
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
+from prime_async.utils.mem_fraction import apply_mem_fraction
 from prime_async.utils.stall import StallWatch
 from prime_async.weights.publish import WeightPublisher
 from prime_async.weights.sync import WeightSync
@@ -94,6 +95,7 @@ class Trainer:
     def __init__(self, *, cfg: TrainerConfig):
         self.cfg = cfg
         self.rank, self.world_size, self.device = setup_distributed()
+        apply_mem_fraction(cfg.mem_fraction, self.device, who="trainer")
         if cfg.deterministic:
             set_deterministic(self.device)
         torch.set_num_threads(cfg.threads or (1 if self.device.type == "cpu" else torch.get_num_threads()))

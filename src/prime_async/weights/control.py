@@ -12,6 +12,10 @@ ZeroMQ ROUTER (orchestrator, binds `transport.host:weights.control_port`, defaul
       Reply(request_id, ok, phase="ack")            ──►  the trainer holds that version: engines are told
       ... broadcasts every bucket ...                     to receive (`/update_weights_from_distributed`)
       Reply(request_id, ok, phase="done")           ──►
+                                            ◄── Lend(request_id, version, copies)   shared: the trainer
+      Reply(request_id, ok, shares=[SharedVersion])  ──►  keeps that version; engines map and copy it
+                                            ◄── GiveBack(request_id, version)   (after every engine
+      Reply(request_id, ok)                          ──►   answered): it may be dropped again
 
 Invariants: every request gets exactly one "done" reply (SendWeights also one "ack" first); a malformed
 frame raises `WireError` on the side that reads it; events are hints: a lost `Published` only delays an
@@ -35,6 +39,8 @@ import zmq
 import zmq.asyncio
 
 from prime_async.transport.wire import WireError
+from prime_async.types import WeightTransport
+from prime_async.weights.shared_wire import SharedVersion
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +76,10 @@ class Hello(msgspec.Struct, tag="hello", frozen=True):
 
 class Published(msgspec.Struct, tag="published", frozen=True):
     """Trainer: weights `version` exist (filesystem: its STABLE directory; distributed: held in memory,
-    sent in `buckets` order)."""
+    sent in `buckets` order; shared: held in shared memory, lent on `Lend`)."""
 
     version: int
-    transport: Literal["filesystem", "distributed"]
+    transport: WeightTransport
     buckets: list[list[TensorMeta]] = []
 
 
@@ -92,14 +98,29 @@ class SendWeights(msgspec.Struct, tag="send_weights", frozen=True):
     group_name: str
 
 
+class Lend(msgspec.Struct, tag="lend", frozen=True):
+    """shared: describe `version` for `copies` engines and keep it until `GiveBack` (or the next Lend)."""
+
+    request_id: int
+    version: int
+    copies: int
+
+
+class GiveBack(msgspec.Struct, tag="give_back", frozen=True):
+    request_id: int
+    version: int
+
+
 class Reply(msgspec.Struct, tag="reply", frozen=True):
     request_id: int
     ok: bool
     phase: Literal["ack", "done"] = "done"
     message: str = ""
+    shares: list[SharedVersion] = []  # a Lend's answer: one description per engine
 
 
-Message = Hello | Published | JoinGroup | SendWeights | Reply
+ControlRequest = JoinGroup | SendWeights | Lend | GiveBack
+Message = Hello | Published | JoinGroup | SendWeights | Lend | GiveBack | Reply
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()
 
@@ -196,7 +217,7 @@ class ControlServer:
         except TimeoutError:
             raise RuntimeError(f"no trainer said hello on {self.address} within {timeout_s:.0f} s") from None
 
-    def open_request(self, make: Callable[[int], JoinGroup | SendWeights]) -> Request:
+    def open_request(self, make: Callable[[int], ControlRequest]) -> Request:
         """Send a request to the trainer; its replies arrive on the returned handle."""
         if self._trainer is None:
             raise RuntimeError("control channel: no trainer connected yet")
@@ -232,7 +253,7 @@ class Request:
         return reply
 
 
-Handler = Callable[[JoinGroup | SendWeights, Callable[[Reply], None]], None]
+Handler = Callable[[ControlRequest, Callable[[Reply], None]], None]
 
 
 class ControlClient:
@@ -293,7 +314,7 @@ class ControlClient:
                     _send_or_drop(dealer, self._pull.recv())
                 if dealer in events:
                     msg = decode(dealer.recv())
-                    if isinstance(msg, JoinGroup | SendWeights):
+                    if isinstance(msg, JoinGroup | SendWeights | Lend | GiveBack):
                         self.handler(msg, lambda reply: dealer.send(encode(reply)))
             while self._pull.poll(0):  # flush what was published before close()
                 _send_or_drop(dealer, self._pull.recv())

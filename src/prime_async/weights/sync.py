@@ -5,9 +5,13 @@
                      broadcasts/step_n/ (+ STABLE)                                  ──► Published(n)
         distributed: state kept in memory (the newest `snapshots_to_keep`), on disk only at
                      checkpoint steps and the last step (restarts load from there) ──► Published(n, buckets)
+        shared:      state copied into shared memory (weights/shared_memory.py: the newest
+                     `snapshots_to_keep`), on disk as for distributed                  ──► Published(n)
     control thread (weights/control.py), on the orchestrator's requests:
         JoinGroup   ──► join the weight process group as rank 0 (leaving an older one), reply done
         SendWeights ──► ack (version held) or refuse; broadcast every bucket in order; reply done
+        Lend        ──► reply done with one SharedVersion per engine (the version stays held), or refuse
+        GiveBack    ──► the lent version may be dropped again; reply done
 
 Invariants: a version is announced only after it exists (STABLE written / snapshot stored); a snapshot
 is a copy, never a view of parameters that later optimizer steps change; filesystem versions are written
@@ -36,7 +40,10 @@ from prime_async.config.trainer import TrainerConfig
 from prime_async.weights.control import (
     VERSION_GONE,
     ControlClient,
+    ControlRequest,
+    GiveBack,
     JoinGroup,
+    Lend,
     Published,
     Reply,
     SendWeights,
@@ -51,6 +58,7 @@ from prime_async.weights.process_group import (
     send_bucket,
 )
 from prime_async.weights.publish import WeightPublisher
+from prime_async.weights.shared_memory import SharedStore
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +66,11 @@ KEEP_SNAPSHOTS = 2  # the newest and the one the orchestrator may still be loadi
 
 
 def snapshots_to_keep(cfg: TrainerConfig) -> int:
-    """Versions held in memory for the distributed transport. A deterministic run loads every version in
-    turn and the trainer runs up to K + 1 versions ahead of the served one, so it keeps K + 1 (that many
-    CPU copies of the weights); otherwise the orchestrator asks for the newest, and a version it asks for
-    once two newer exist is refused and replaced by the newest (`WeightWatcher.update`)."""
+    """Versions held in memory for the distributed and shared transports. A deterministic run loads every
+    version in turn and the trainer runs up to K + 1 versions ahead of the served one, so it keeps K + 1
+    (that many copies of the weights: CPU, or the trainer's GPU for shared on CUDA); otherwise the
+    orchestrator asks for the newest, and a version it asks for once two newer exist is refused and
+    replaced by the newest (`WeightWatcher.update`)."""
     if cfg.deterministic:
         return max(KEEP_SNAPSHOTS, (cfg.max_off_policy_steps or 0) + 1)
     return KEEP_SNAPSHOTS
@@ -79,6 +88,7 @@ class WeightSync:
         self.cfg, self.publisher, self.device, self.tied = cfg, publisher, device, tied
         self.distributed = cfg.weights.transport == "distributed"
         self.keep_snapshots = snapshots_to_keep(cfg)
+        self.shared = SharedStore(device, self.keep_snapshots) if cfg.weights.transport == "shared" else None
         self._snapshots: OrderedDict[int, tuple[dict[str, torch.Tensor], list[list[TensorMeta]]]] = (
             OrderedDict()
         )
@@ -96,6 +106,9 @@ class WeightSync:
     ) -> None:
         """Make `version` available and announce it. `on_disk`: a restart may load this version
         (checkpoint or last step): distributed also writes the directory, filesystem fsyncs it."""
+        if self.shared is not None:
+            self._publish_shared(state, version, protected=protected, on_disk=on_disk)
+            return
         if not self.distributed:
             self.flush()
             tensors = _snapshot(state)
@@ -112,6 +125,17 @@ class WeightSync:
         if on_disk:
             self.publisher.publish(tensors, version, protected=protected)
         self.control.publish(Published(version, "distributed", buckets))
+
+    def _publish_shared(
+        self, state: dict[str, torch.Tensor], version: int, *, protected: Iterable[int], on_disk: bool
+    ) -> None:
+        assert self.shared is not None
+        if self.tied:
+            state = {k: v for k, v in state.items() if k != "lm_head.weight"}  # as distributed
+        self.shared.put(state, version)
+        if on_disk:
+            self.publisher.publish(_snapshot(state), version, protected=protected)
+        self.control.publish(Published(version, "shared"))
 
     def _write(self, tensors: dict[str, torch.Tensor], version: int, protected: list[int], durable: bool):
         """Writer thread: the version directory, then its announcement."""
@@ -142,17 +166,27 @@ class WeightSync:
             logger.exception("publishing the last weight version failed")
         self._writer.shutdown(wait=True)
         self.control.close()
+        if self.shared is not None:
+            self.shared.close()
         if self._group is not None:
             leave_weight_group(self._group)
             self._group = None
 
     # ---- control thread ------------------------------------------------------------------------------
-    def _handle(self, msg: JoinGroup | SendWeights, reply: Callable[[Reply], None]) -> None:
+    def _handle(self, msg: ControlRequest, reply: Callable[[Reply], None]) -> None:
         try:
             if isinstance(msg, JoinGroup):
                 self._join(msg)
-            else:
+            elif isinstance(msg, SendWeights):
                 self._send(msg, reply)
+            elif isinstance(msg, Lend | GiveBack):
+                if self.shared is None:
+                    raise ValueError(f"{type(msg).__name__}: the trainer's weights.transport is not 'shared'")
+                if isinstance(msg, Lend):
+                    shares = self.shared.lend(msg.version, msg.copies)
+                    reply(Reply(msg.request_id, True, "done", shares=shares))
+                    return
+                self.shared.give_back(msg.version)
         except Exception as e:  # reported to the orchestrator, which fails the update loudly
             logger.exception("weight transfer request %s failed", type(msg).__name__)
             reply(Reply(msg.request_id, False, "done", f"{type(e).__name__}: {e}"))

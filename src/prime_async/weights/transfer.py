@@ -40,6 +40,7 @@ from prime_async.weights.control import (
     SendWeights,
     TensorMeta,
 )
+from prime_async.weights.shared_loader import SharedWeights
 from prime_async.weights.watcher import UpdateSignal, VersionGone
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,11 @@ KEEP_ANNOUNCED = 4  # at least; a deterministic run remembers K + 2 (it loads ev
 
 def build_control(
     cfg: OrchestratorConfig, signal: UpdateSignal
-) -> tuple[ControlServer, DistributedWeights | None]:
-    """The control channel (bound and receiving) and the distributed loader when configured. A
+) -> tuple[ControlServer, DistributedWeights | SharedWeights | None]:
+    """The control channel (bound and receiving) and the distributed or shared loader when configured. A
     `Published` event announces on `signal`, a channel failure fails it: the weight watcher built with
     the same `signal` wakes, or raises."""
-    loader: DistributedWeights | None = None
+    loader: DistributedWeights | SharedWeights | None = None
 
     def on_published(msg: Published) -> None:
         if msg.transport != cfg.weights.transport:
@@ -70,9 +71,11 @@ def build_control(
 
     port = cfg.weights.resolved_control_port(cfg.transport)
     control = ControlServer(cfg.transport.host, port, on_published=on_published, on_error=signal.fail)
+    keep = KEEP_ANNOUNCED if not cfg.deterministic else max(KEEP_ANNOUNCED, cfg.max_off_policy_steps + 2)
     if cfg.weights.transport == "distributed":
-        keep = KEEP_ANNOUNCED if not cfg.deterministic else max(KEEP_ANNOUNCED, cfg.max_off_policy_steps + 2)
         loader = DistributedWeights(control, cfg.weights, keep_announced=keep)
+    elif cfg.weights.transport == "shared":
+        loader = SharedWeights(control, cfg.weights, keep_announced=keep)
     control.start()
     return control, loader
 
