@@ -15,7 +15,7 @@ from prime_async.config.orchestrator import AdvantageConfig, TeacherConfig
 from prime_async.config.trainer import MaskLossConfig
 from prime_async.inference.client import HttpEngineClient
 from prime_async.orchestrator.batching import build_train_batch
-from prime_async.orchestrator.teacher import TeacherScorer
+from prime_async.orchestrator.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.types import Episode
 from prime_async.trainer.loss import build_loss_fn
@@ -99,7 +99,8 @@ def test_without_a_teacher_the_batch_is_unchanged_and_bad_teacher_values_are_ref
 @pytest.mark.timeout(300)
 def test_teacher_logprobs_align_with_the_sampled_tokens(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The teacher serving the student's own weights scores every sampled token with the logprob the
-    sampler reported for it (reverse KL 0); non-loss positions get 0; a dead teacher errors the episodes."""
+    sampler reported for it (reverse KL 0); non-loss positions get 0; a dead teacher is waited out up to
+    outage_timeout_s, then fails naming its URL, and leaves the episode unscored (never trained as is)."""
     config = (
         f'backend = "torch"\nseq_len = 256\noutput_dir = "{tmp_path}"\n[model]\npath = "{tiny_model_dir}"\n'
     )
@@ -109,15 +110,16 @@ def test_teacher_logprobs_align_with_the_sampled_tokens(tiny_model_dir: Path, tm
     finally:
         proc.terminate()
         proc.wait(30)
-    scored, failed = episodes
+    scored, (unscored, dead_error) = episodes
     for ep in scored:
         assert ep.status == "ok" and len(ep.teacher_logprobs) == len(ep.token_ids)
         for s, t, m in zip(ep.sampler_logprobs, ep.teacher_logprobs, ep.loss_mask, strict=True):
             assert abs(s - t) < 1e-4 if m else t == 0.0
-    assert failed.status == "error" and failed.error.startswith("teacher: http://127.0.0.1:1")
+    assert unscored.teacher_logprobs is None
+    assert "http://127.0.0.1:1" in dead_error and "orchestrator.teacher.outage_timeout_s = 1" in dead_error
 
 
-async def _sample_and_score(url: str) -> tuple[list[Episode], Episode]:
+async def _sample_and_score(url: str) -> tuple[list[Episode], tuple[Episode, str]]:
     async with HttpEngineClient(url) as client:
         episodes = []
         for i in range(3):  # two turns: prompt, sampled reply, a user turn, sampled reply
@@ -143,10 +145,11 @@ async def _sample_and_score(url: str) -> tuple[list[Episode], Episode]:
         and metrics["teacher/errors"] == 0
     )
     await scorer.aclose()
-    dead = TeacherScorer(TeacherConfig(base_urls=["http://127.0.0.1:1"], timeout_s=5), temperature=1.0,
-                         deterministic=True)  # fmt: skip
-    failed = Episode(example_id=9, token_ids=[1, 2, 3], loss_mask=[False, True, True],
-                     sampler_logprobs=[0.0, -1.0, -1.0], token_versions=[0, 0, 0])  # fmt: skip
-    await dead.score([failed])
+    dead = TeacherScorer(TeacherConfig(base_urls=["http://127.0.0.1:1"], timeout_s=5, outage_timeout_s=1),
+                         temperature=1.0, deterministic=True)  # fmt: skip
+    unscored = Episode(example_id=9, token_ids=[1, 2, 3], loss_mask=[False, True, True],
+                       sampler_logprobs=[0.0, -1.0, -1.0], token_versions=[0, 0, 0])  # fmt: skip
+    with pytest.raises(TeacherUnavailable) as info:
+        await dead.score([unscored])
     await dead.aclose()
-    return episodes, failed
+    return episodes, (unscored, str(info.value))
