@@ -303,7 +303,8 @@ class OrchestratorConfig(BaseConfig):
         2,
         ge=0,
         description="Stop the run at once, naming the cause, when every episode of the first this many "
-        "finished groups failed (the environment cannot run as configured). 0 = never.",
+        "finished groups failed (the environment, or the distillation teacher, cannot run as configured). "
+        "0 = never.",
     )
     unused_handler: Literal["drop", "retry"] = Field(
         "drop",

@@ -26,8 +26,8 @@ TEACHER = "teacher"  # the kind of a teacher scoring failure: the teacher failed
 
 
 class EpisodesFailing(ValueError):
-    """Every early episode failed: the environment cannot run as configured. A ValueError, so the
-    entrypoint reports it as one line (a configuration error), like a bad env key."""
+    """Every early episode failed: the environment (or the teacher) cannot run as configured. A
+    ValueError, so the entrypoint reports it as one line (a configuration error), like a bad env key."""
 
 
 def _first_line(message: str) -> str:
