@@ -49,7 +49,7 @@ def test_launcher_command_lines_for_two_engines():
                        "extra_args": ["--disable-radix-cache"]},
         }
     )  # fmt: skip
-    specs = build_launch_specs(cfg)
+    specs = build_launch_specs(cfg, environ={})  # a machine where this process sees every GPU
     assert [s.url for s in specs] == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0,1", "2,3"]
     argv = specs[1].argv
@@ -67,6 +67,18 @@ def test_launcher_command_lines_for_two_engines():
         and flag("--dtype") == "bfloat16"
     )
     assert "--skip-server-warmup" in argv and argv[-1] == "--disable-radix-cache"
+
+
+def test_launcher_gpu_ids_index_the_devices_this_process_sees():
+    """Under `rl` the inference process gets CUDA_VISIBLE_DEVICES = gpus.inference; an engine's own value
+    replaces it (it does not narrow it), so the launcher must translate, or engines land on GPUs 0..n-1."""
+    cfg = InferenceConfig.model_validate({"backend": "sglang", "sglang": {"num_engines": 2, "tp": 2}})
+    specs = build_launch_specs(cfg, environ={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["4,5", "6,7"]
+    specs = build_launch_specs(cfg, environ={})
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0,1", "2,3"]
+    with pytest.raises(ValueError, match="device index 2 is not among the 2 devices"):
+        build_launch_specs(cfg, environ={"CUDA_VISIBLE_DEVICES": "4,5"})
 
 
 def test_launcher_rejects_too_few_gpus():

@@ -98,7 +98,9 @@ class SGLangConfig(BaseConfig):
         None, ge=1, description="`--max-running-requests`; None lets SGLang choose."
     )
     gpu_ids: list[int] | None = Field(
-        None, description="GPUs to use; engine i gets gpu_ids[i*tp*dp:(i+1)*tp*dp]. None = 0..N-1."
+        None,
+        description="GPUs of the standalone `inference` command, as indices into the devices it sees; engine "
+        "i gets gpu_ids[i*tp*dp:(i+1)*tp*dp]. None = 0..N-1. Under `rl` set gpus.inference instead.",
     )
     python: str = Field("python", description="Python executable that has sglang installed.")
     extra_args: list[str] = Field(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from prime_async.config import placement
 from prime_async.config.trainer import DEFAULT_KEEP_LAST
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def check_rl(cfg: RLConfig) -> None:
         _check_router_replay(cfg)
     if cfg.weights.transport == "shared":
         _check_shared_weights(cfg)
+    placement.check_config(cfg)  # the explicit [gpus] lists; the machine's devices are checked at start
 
 
 def _check_router_replay(cfg: RLConfig) -> None:

@@ -58,6 +58,7 @@ from prime_async.config.interactions import (
     lora_slots_needed,
 )
 from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.config.placement import GpusConfig
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
     RUN_ID_DESCRIPTION,
@@ -118,6 +119,11 @@ class RLConfig(BaseConfig):
         default_factory=WeightsConfig,
         description="Weight transfer trainer -> inference, copied into orchestrator.weights and "
         'trainer.weights (`weights.transport = "distributed"` for torch.distributed).',
+    )
+    gpus: GpusConfig = Field(
+        default_factory=GpusConfig,
+        description="CUDA devices of each process rl starts (CUDA_VISIBLE_DEVICES); unset keys are placed "
+        "by rl, overlaps that cannot run are refused at start (config/placement.py, docs/gpu.md).",
     )
     run_id: str | None = Field(None, description=RUN_ID_DESCRIPTION)
     deterministic: bool = Field(

@@ -4,10 +4,12 @@ Called by `inference/server.py:run` (and by the GPU conformance tests). `sglang`
 (`uv sync --extra sglang`); nothing here imports it, so command lines are built and tested anywhere.
 
 Engine i of `sglang.num_engines` serves on `server.port + i` with GPUs `gpu_ids[i*tp*dp:(i+1)*tp*dp]`
-(via CUDA_VISIBLE_DEVICES). Flags an RL run needs: `--weight-version` (so `/generate` stamps tokens with
-our integer versions), `--skip-server-warmup`, `--context-length = seq_len`, `--random-seed`, bound to
-127.0.0.1 unless configured otherwise (then `--api-key` is required by config validation). With `lora`:
-`--enable-lora --max-lora-rank --lora-target-modules --max-loaded-loras --max-loras-per-batch`.
+(via CUDA_VISIBLE_DEVICES, translated through this process's own: `rl` gives the inference process
+`gpus.inference`, and `gpu_ids` index those). Flags an RL run needs: `--weight-version` (so `/generate`
+stamps tokens with our integer versions), `--skip-server-warmup`, `--context-length = seq_len`,
+`--random-seed`, bound to 127.0.0.1 unless configured otherwise (then `--api-key` is required by config
+validation). With `lora`: `--enable-lora --max-lora-rank --lora-target-modules --max-loaded-loras
+--max-loras-per-batch`.
 
 Invariants: `stop()` ends every process it started (SIGTERM to its process group, SIGKILL after a
 timeout); `wait_ready` fails with RuntimeError naming the engine as soon as one exits during startup.
@@ -22,11 +24,13 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
 
 from prime_async.config.inference import InferenceConfig
+from prime_async.config.placement import child_visible_devices
 from prime_async.utils.process_tree import descendants, die_with_parent, kill_tree
 
 logger = logging.getLogger(__name__)
@@ -41,8 +45,13 @@ class LaunchSpec:
     url: str
 
 
-def build_launch_specs(cfg: InferenceConfig) -> list[LaunchSpec]:
-    """The `python -m sglang.launch_server ...` command of every engine (pure: tested on CPU)."""
+def build_launch_specs(cfg: InferenceConfig, environ: Mapping[str, str] | None = None) -> list[LaunchSpec]:
+    """The `python -m sglang.launch_server ...` command of every engine (pure: tested on CPU).
+
+    `gpu_ids` index the devices this process sees: under a CUDA_VISIBLE_DEVICES of its own (`environ`,
+    default `os.environ`; `rl` sets it) engine i's value is taken from that list, since a child's
+    CUDA_VISIBLE_DEVICES replaces its parent's rather than narrowing it."""
+    environ = os.environ if environ is None else environ
     sg, srv = cfg.sglang, cfg.server
     gpus_per_engine = sg.tp * sg.dp
     gpu_ids = sg.gpu_ids if sg.gpu_ids is not None else list(range(sg.num_engines * gpus_per_engine))
@@ -80,7 +89,7 @@ def build_launch_specs(cfg: InferenceConfig) -> list[LaunchSpec]:
         argv += lora_flags(cfg)
         argv += list(sg.extra_args)
         gpus = gpu_ids[i * gpus_per_engine : (i + 1) * gpus_per_engine]
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
+        env = {"CUDA_VISIBLE_DEVICES": child_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), gpus)}
         host = "127.0.0.1" if srv.host in ("0.0.0.0", "::") else srv.host
         specs.append(LaunchSpec(argv=argv, env=env, url=f"http://{host}:{port}"))
     return specs

@@ -18,6 +18,8 @@ into the three sub-configs.
 Invariants:
 - the resolved sub-configs are written to `output_dir/configs/` before any process starts, and each
   process is started from exactly those files;
+- on CUDA each process that needs devices starts with CUDA_VISIBLE_DEVICES naming exactly its own
+  (`[gpus]`, `launcher/gpus.py`); a placement that cannot run is refused before any process starts;
 - when a component dies it is restarted while its `restart.max_restarts` budget lasts (inference with
   the newest STABLE weights, trainer/orchestrator with resume = true; `launcher/restart.py`); past the
   budget every other one is stopped and `rl` exits non-zero after printing the failing component's last
@@ -38,7 +40,9 @@ from typing import Any
 
 from prime_async.config.eval import EvalConfig
 from prime_async.config.inference import InferenceConfig
+from prime_async.config.placement import Placement
 from prime_async.config.rl import ENGINE_SECTIONS, RLConfig
+from prime_async.launcher.gpus import component_env, place_run
 from prime_async.launcher.identity import check_engine_identity, check_ports_free, resolve_run
 from prime_async.launcher.process import Component, tail_lines
 from prime_async.launcher.progress import ProgressView
@@ -160,21 +164,25 @@ def _build_tiny(kind: str, path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build_components(cfg: RLConfig, paths: dict[str, Path], log_dir: Path) -> dict[str, Component]:
+def build_components(
+    cfg: RLConfig, paths: dict[str, Path], log_dir: Path, placement: Placement | None = None
+) -> dict[str, Component]:
+    """The run's processes; each placed one sees only its devices (`launcher/gpus.py`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    placement = placement or Placement(devices={}, transport=cfg.weights.transport)
     components = {
         "inference": Component(
             name="inference",
             command=[*script_command("inference"), "@", str(paths["inference"])],
             log_path=log_dir / "inference.log",
-            env=env,
+            env=component_env(env, placement, "inference"),
             health_url=_inference_health_url(cfg),
         ),
         "trainer": Component(
             name="trainer",
             command=trainer_command(cfg, paths["trainer"]),
             log_path=log_dir / "trainer.log",
-            env=env,
+            env=component_env(env, placement, "trainer"),
         ),
         "orchestrator": Component(
             name="orchestrator",
@@ -190,7 +198,7 @@ def build_components(cfg: RLConfig, paths: dict[str, Path], log_dir: Path) -> di
                 name=name,
                 command=[*script_command("inference"), "@", str(paths[name])],
                 log_path=log_dir / f"{name}.log",
-                env=env,
+                env=component_env(env, placement, name),
                 health_url=_inference_health_url(inference),
             )
     return components
@@ -204,6 +212,7 @@ def _inference_health_url(cfg: RLConfig | InferenceConfig) -> str:
 def run(cfg: RLConfig) -> None:
     """Run the whole loop; raises SystemExit with the run's exit status."""
     cfg = resolve_run(cfg)
+    cfg, placement = place_run(cfg)  # may choose the weight transport: before the ports are checked
     check_ports_free(cfg)  # before any process exists: a second run is refused, not cross-wired
     logger.info(
         "run %s: inference on %s, batches on tcp://%s:%d, output in %s",
@@ -219,7 +228,7 @@ def run(cfg: RLConfig) -> None:
     paths = write_sub_configs(cfg, output_dir / "configs")
     ensure_model(cfg)
     _check_teacher_model(cfg)
-    components = build_components(cfg, paths, output_dir / "logs")
+    components = build_components(cfg, paths, output_dir / "logs", placement)
     status = _supervise(cfg, components, output_dir)
     raise SystemExit(status)
 
