@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from device_marks import cuda_device_count, device_skip_reason
 from shared_builds import built_once
 
 # With PYTHONDONTWRITEBYTECODE=1 (common in CI images) Python never writes .pyc files, so every process
@@ -26,15 +27,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 # Files that start first, longest first (seconds on one xdist worker of a 2-core machine, measured with
@@ -64,10 +56,22 @@ FIRST = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # `@pytest.mark.needs_devices(n)`: a test starting n trainer ranks; skipped, naming both counts, when
+    # CUDA is visible with fewer than n devices (`device_marks.py`)
+    config.addinivalue_line("markers", "needs_devices(n): n trainer ranks, one CUDA device each (on CUDA)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))  # stable: order kept
-    if _has_cuda():
+    visible = cuda_device_count()
+    for item in items:
+        marker = item.get_closest_marker("needs_devices")
+        reason = device_skip_reason(marker.args[0], visible) if marker is not None else None
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+    if visible > 0:
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     for item in items:

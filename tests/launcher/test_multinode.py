@@ -43,6 +43,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.needs_devices(2)  # two trainer nodes on this machine, one rank each
 def test_multinode_recipe_on_localhost(tiny_model_dir: Path, tmp_path: Path) -> None:
     out, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()

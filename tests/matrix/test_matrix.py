@@ -44,8 +44,11 @@ def cell_runs(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Future[CellRun]]]:
     """The selected cells' runs, started in test order on MATRIX_WORKERS threads (one `rl` each)."""
-    selected = [item.callspec.params["cell"] for item in request.session.items
-                if item.originalname == "test_cell_trains"]  # fmt: skip
+    selected = [
+        item.callspec.params["cell"]
+        for item in request.session.items
+        if item.originalname == "test_cell_trains" and not item.get_closest_marker("skip")  # no CUDA for it
+    ]
     workers = int(os.environ.get("MATRIX_WORKERS", "2"))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="matrix-cell") as pool:
         yield {
@@ -57,7 +60,11 @@ def cell_runs(
 
 
 @pytest.mark.timeout(1200)  # its own run (<= 540 s) after at most MATRIX_WORKERS - 1 others
-@pytest.mark.parametrize("cell", TRAINED, ids=[cell_id(c) for c in TRAINED])
+@pytest.mark.parametrize(
+    "cell",
+    # a cell with N trainer processes needs N CUDA devices when CUDA is visible (tests/conftest.py)
+    [pytest.param(c, id=cell_id(c), marks=pytest.mark.needs_devices(c["trainer_procs"])) for c in TRAINED],
+)
 def test_cell_trains(cell: dict, cell_runs: dict[str, Future[CellRun]]) -> None:
     run = cell_runs[cell_id(cell)].result()
     figures = check_trained(run)

@@ -80,7 +80,7 @@ def extra_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [_save_random_model(root / "llama", llama), _save_random_model(root / "qwen2", qwen2)]
 
 
-def _run_worker(
+def worker_command(
     out: Path,
     model_dir: Path,
     extra: list[Path],
@@ -90,7 +90,9 @@ def _run_worker(
     device: str = "cpu",
     steps_per_batch: int = 1,
     ep: int = 1,
-) -> Path:
+) -> tuple[list[str], dict[str, str]]:
+    """torchrun command and environment of `worker.py`. A CPU run hides CUDA from the worker (its ranks are
+    CPU ranks over gloo even on a GPU machine, and compare at fp32 CPU tolerances); a CUDA run is told so."""
     cmd = [
         sys.executable,
         "-m",
@@ -108,13 +110,32 @@ def _run_worker(
         str(steps_per_batch),
         "--ep",
         str(ep),
+        "--device",
+        device,
     ]
     for d in extra:
         cmd += ["--extra-model-dir", str(d)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return cmd, env
+
+
+def _run_worker(out: Path, model_dir: Path, extra: list[Path], **kwargs) -> Path:
+    cmd, env = worker_command(out, model_dir, extra, **kwargs)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return out
+
+
+def test_worker_runs_on_the_device_it_is_given(tmp_path: Path) -> None:
+    """A CPU run hides CUDA (it ran its CPU ranks beside a CUDA model on the first GPU machine: `--device`
+    was never passed); a CUDA run passes `--device cuda` and leaves the visible devices alone."""
+    cmd, env = worker_command(tmp_path, tmp_path, [], nproc=1, tp=1)
+    assert cmd[cmd.index("--device") + 1] == "cpu" and env["CUDA_VISIBLE_DEVICES"] == ""
+    cmd, env = worker_command(tmp_path, tmp_path, [], nproc=1, tp=1, device="cuda")
+    assert cmd[cmd.index("--device") + 1] == "cuda"
+    assert env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 @pytest.fixture(scope="module")

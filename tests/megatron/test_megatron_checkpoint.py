@@ -29,6 +29,7 @@ def _weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_devices(2)  # the resumed run has two ranks
 def test_resume_at_another_layout_is_exact_and_exports(tiny_model_dir: Path, tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     ckpt = {"interval": 2, "keep": None}

@@ -20,7 +20,13 @@ from loop_runner import run_megatron_loop, trainer_metrics
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [2, 1], ids=["torchrun_tp2", "single_process"])
+@pytest.mark.parametrize(
+    "nproc",
+    [
+        pytest.param(2, id="torchrun_tp2", marks=pytest.mark.needs_devices(2)),
+        pytest.param(1, id="single_process"),
+    ],
+)
 def test_megatron_loop_trains_and_publishes(nproc: int, tiny_model_dir: Path, tmp_path: Path) -> None:
     """nproc = 1 runs without torchrun: the backend opens its own world-size-1 process group."""
     run_megatron_loop(

@@ -100,6 +100,7 @@ def test_three_steps_then_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_devices(2)
 @pytest.mark.parametrize("num_steps", [1, 2], ids=["one_step_per_batch", "two_steps_per_batch"])
 def test_torchrun_two_ranks_match_one(num_steps: int, tiny_model_dir: Path, tmp_path: Path) -> None:
     """Plain single process (no process group, unsharded) vs torchrun with 2 gloo ranks (FSDP2).

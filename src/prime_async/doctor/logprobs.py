@@ -18,22 +18,31 @@ def mismatch_kl(cfg: RLConfig, episodes: list[Episode], temperature: float) -> t
     import torch
 
     from prime_async.trainer.fsdp import load_model
-    from prime_async.trainer.packed_rows import packed_logprobs
 
     rows = [e for e in episodes if e.status == "ok" and any(e.loss_mask)]
     if not rows:
         return None, 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the trainer's dtype on it
-    model = load_model(cfg.trainer, device).eval()
+    return score_kl(load_model(cfg.trainer, device).eval(), rows, temperature)
+
+
+def score_kl(model, rows: list[Episode], temperature: float) -> tuple[float | None, int]:
+    """The k3 KL of `rows` (ok episodes) under `model`; every tensor is built on the model's device."""
+    import torch
+
+    from prime_async.trainer.packed_rows import packed_logprobs
+    from prime_async.utils.devices import model_device, on_model
+
+    device = model_device(model)
     kl_sum, tokens = 0.0, 0
     with torch.no_grad():
         for ep in rows:
-            ids = torch.tensor(ep.token_ids, dtype=torch.long, device=device)
-            mask = torch.tensor(ep.loss_mask, dtype=torch.bool, device=device)
+            ids = on_model(device, ep.token_ids, dtype=torch.long)
+            mask = on_model(device, ep.loss_mask, dtype=torch.bool)
             mask[0] = False  # the first token has no predecessor to score it
             pos = torch.arange(len(ep.token_ids), device=device)
             trainer_logp, _ = packed_logprobs(model, ids, pos, temperature, loss_mask=mask)
-            engine_logp = torch.tensor(ep.sampler_logprobs, dtype=torch.float64, device=device)[mask]
+            engine_logp = on_model(device, ep.sampler_logprobs, dtype=torch.float64)[mask]
             log_rho = trainer_logp[mask].double() - engine_logp
             kl_sum += float((log_rho.exp() - 1 - log_rho).sum())
             tokens += int(mask.sum())

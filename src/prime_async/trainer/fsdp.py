@@ -46,6 +46,7 @@ from prime_async.trainer.router_replay import RouterReplay
 from prime_async.trainer.token_stats import TokenStats, reduce_device
 from prime_async.transport.types import MicroBatch
 from prime_async.transport.zmq_batches import RankBatch
+from prime_async.utils.devices import model_device
 from prime_async.utils.dtypes import resolve_dtype
 
 
@@ -119,7 +120,7 @@ def micro_batch_pass(
     """Forward + backward of one packed row; returns its (unscaled) loss share and token statistics.
     `replay`: MoE layers reuse the engine's routing of the row (`mb.routed_experts`), in the forward and
     in the backward too (activation checkpointing runs the forward again there)."""
-    row = RowTensors.of(mb, next(model.parameters()).device)
+    row = RowTensors.of(mb, model_device(model))
     routes = mb.routed_experts if replay is not None else None
     with replay.replaying(routes, row.ids.device) if replay is not None else nullcontext():
         logp, entropy = packed_logprobs(model, row.ids, row.pos, temperature, loss_mask=row.mask)

@@ -28,12 +28,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from prime_async.config.placement import ranks_vs_devices
 from prime_async.config.trainer import TrainerConfig
 from prime_async.trainer.backend import TrainBackend
 from prime_async.trainer.ckpt import checkpoint_steps, latest_checkpoint
 from prime_async.trainer.opd import apply_teacher_advantage
+from prime_async.trainer.packed_rows import samples_with_loss
 from prime_async.trainer.step_metrics import build_monitor, log_step, timing_metrics
+from prime_async.trainer.token_stats import reduce_device
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
+from prime_async.utils.devices import cuda_device_count
 from prime_async.utils.mem_fraction import apply_mem_fraction
 from prime_async.utils.stall import StallWatch
 from prime_async.weights.publish import WeightPublisher
@@ -42,10 +46,24 @@ from prime_async.weights.sync import WeightSync
 logger = logging.getLogger(__name__)
 
 
+def check_ranks_fit_devices(num_processes: int, visible: int) -> None:
+    """Refuse `num_processes` trainer ranks on this node when CUDA shows fewer devices (rank r would ask for
+    `cuda:r`: "invalid device ordinal" deep inside torch). One line (`config.placement.ranks_vs_devices`,
+    the message `rl`'s placement gives too). `visible == 0` means no CUDA: CPU ranks always fit."""
+    message = ranks_vs_devices(num_processes, visible, where="visible to this process") if visible else None
+    if message is not None:
+        raise ValueError(message)
+
+
 def setup_distributed() -> tuple[int, int, torch.device]:
-    """Init the process group under torchrun; returns (rank, world_size, device)."""
+    """Init the process group under torchrun; returns (rank, world_size, device).
+
+    On CUDA rank r of a node uses `cuda:LOCAL_RANK`: more ranks on the node than visible devices are refused
+    here, in one line naming `trainer.num_processes` (`check_ranks_fit_devices`), before any rank asks
+    torch for a device ordinal that does not exist."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    check_ranks_fit_devices(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), cuda_device_count())
     use_cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if use_cuda else "cpu")
     if use_cuda:
@@ -87,6 +105,18 @@ def check_staleness(batch: RankBatch, max_off_policy_steps: int | None) -> None:
             f"batch {batch.step} holds a group dispatched at version {batch.min_dispatch_version}: "
             f"staleness {batch.step - batch.min_dispatch_version} > max_off_policy_steps={k}"
         )
+
+
+def trained_samples(batch: RankBatch) -> int:
+    """`loss/num_samples`: trajectories of the whole batch holding at least one loss token, counted by the
+    trainer from the rows it received (each rank its own rows, summed over ranks): a count of what reached
+    the trainer that owes nothing to the orchestrator's ledger. Collective: every rank calls it."""
+    count = sum(samples_with_loss(mb) for mb in batch.micro_batches)
+    if not dist.is_initialized():
+        return count
+    total = torch.tensor([count], dtype=torch.float64, device=reduce_device())
+    dist.all_reduce(total)
+    return int(total.item())
 
 
 class Trainer:
@@ -176,6 +206,7 @@ class Trainer:
         t1 = time.perf_counter()
         check_staleness(batch, self.cfg.max_off_policy_steps)
         metrics = self.backend.train_rank_batch(apply_teacher_advantage(batch))
+        metrics["loss/num_samples"] = float(trained_samples(batch))
         t2 = time.perf_counter()
         with self.stalls.waiting(f"weights v{n + 1} to publish", peer=f"the weight writer (v{n} first)"):
             self.publish(n + 1)

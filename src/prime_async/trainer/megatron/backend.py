@@ -20,12 +20,14 @@ Invariants:
 - a non-finite gradient norm raises before the optimizer updates anything;
 - every rank of one data-parallel replica (its TP and PP ranks) trains on the same micro-batches;
 - checkpoints (`trainer/megatron/checkpoint.py`) are sharded and layout-free: resume at another TP/PP/DP;
-- without CUDA the ranks run on CPU over gloo (`cpu_ranks.enable_cpu_ranks`, installed before any model).
+- without CUDA the ranks run on CPU over gloo (`cpu_ranks.enable_cpu_ranks`, installed before any model);
+- every tensor fed to the model or its loss is built on the model's device (`_input_device`: where its
+  parameters are, which megatron's DDP decides (`torch.cuda.current_device()`), not the `device` argument);
+  collectives of host-side values go through `reduce_device()` (NCCL reduces only CUDA tensors).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import socket
@@ -57,9 +59,10 @@ from prime_async.trainer.megatron.model import (
 from prime_async.trainer.mini_batches import OffPolicyClock, plan_mini_batches
 from prime_async.trainer.optim import lr_factor
 from prime_async.trainer.packed_rows import logit_rows, sample_ids, scatter_rows
-from prime_async.trainer.token_stats import TokenStats
+from prime_async.trainer.token_stats import TokenStats, reduce_device
 from prime_async.transport.types import MicroBatch
 from prime_async.transport.zmq_batches import RankBatch
+from prime_async.utils.devices import model_device, on_model
 from prime_async.utils.dtypes import resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -177,6 +180,14 @@ class MegatronBackend:
     def vocab_size(self) -> int:
         return int(self.hf_config["vocab_size"])
 
+    def _input_device(self) -> torch.device:
+        """Where the model's inputs go: its parameters' device (after DDP moved them into its buffers)."""
+        return model_device(self.model)
+
+    def unpack(self, mb: MicroBatch) -> PaddedBatch:
+        """`mb` as the model's (B, S) input batch, on the model's device."""
+        return unpack(mb, seq_multiple=self._seq_multiple(), device=self._input_device())
+
     def _seq_multiple(self) -> int:
         return self.cfg.tensor_parallel_size if self.model.config.sequence_parallel else 1
 
@@ -195,19 +206,20 @@ class MegatronBackend:
         logits_bsv,
     ):
         logits_tv = pack_logits(logits_bsv, padded, self.vocab_size)
-        input_ids = torch.from_numpy(mb.input_ids.astype(np.int64)).to(self.device)
-        loss_mask = torch.from_numpy(mb.loss_mask).to(self.device)
+        device = self._input_device()
+        input_ids = on_model(device, mb.input_ids.astype(np.int64))
+        loss_mask = on_model(device, mb.loss_mask)
         # The FSDP path's own logits -> (logp, entropy) code, fed with our logits: one definition for both.
-        rows = logit_rows(input_ids.shape[0], loss_mask, self.device)
+        rows = logit_rows(input_ids.shape[0], loss_mask, device)
         logp, entropy = scatter_rows(logits_tv[rows], rows, input_ids, temperature)
-        sampler_logp = torch.from_numpy(mb.sampler_logprobs).to(self.device)
+        sampler_logp = on_model(device, mb.sampler_logprobs)
         out = self.loss_fn(
             logp=logp,
             sampler_logp=sampler_logp,
-            advantages=torch.from_numpy(mb.advantages).to(self.device),
+            advantages=on_model(device, mb.advantages),
             loss_mask=loss_mask,
             num_loss_tokens=num_loss_tokens,
-            sample_ids=torch.from_numpy(sample_ids(mb.position_ids)).to(self.device),
+            sample_ids=on_model(device, sample_ids(mb.position_ids)),
         )
         stats = TokenStats.of(
             logp.detach().cpu(),
@@ -218,7 +230,7 @@ class MegatronBackend:
             effective_steps,
             mb.token_versions < 0,
         )
-        one = torch.ones((), dtype=torch.int, device=self.device)
+        one = torch.ones((), dtype=torch.int, device=device)
         loss_sum = out.loss.detach() * num_loss_tokens  # the token sum: mini-batches are summed by it
         return out.loss, one, {"loss_sum": loss_sum, "stats": stats}
 
@@ -227,7 +239,7 @@ class MegatronBackend:
     ) -> list[dict[str, Any]]:
         """Forward/backward of one mini-batch (a padding row if this replica has none of it)."""
         mbs = mbs or [MicroBatch.padding()]
-        padded = [unpack(mb, seq_multiple=self._seq_multiple(), device=self.device) for mb in mbs]
+        padded = [self.unpack(mb) for mb in mbs]
         if mpu.get_expert_model_parallel_world_size() > 1:
             mbs, padded = self._align_over_expert_ranks(mbs, padded)
         data = iter(list(zip(mbs, padded, strict=True)))
@@ -255,12 +267,12 @@ class MegatronBackend:
         megatron's allgather token dispatcher gathers every rank's tokens of each MoE layer and needs equal
         sizes (padding rows and padding tokens add nothing to the loss)."""
         group = mpu.get_expert_model_parallel_group()
-        count = torch.tensor([len(mbs)], device=self.device)
+        count = torch.tensor([len(mbs)], device=reduce_device())
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
         while len(mbs) < int(count):
             mbs = [*mbs, MicroBatch.padding()]
-            padded = [*padded, unpack(mbs[-1], seq_multiple=self._seq_multiple(), device=self.device)]
-        shapes = torch.tensor([list(p.input_ids.shape) for p in padded], device=self.device)
+            padded = [*padded, self.unpack(mbs[-1])]
+        shapes = torch.tensor([list(p.input_ids.shape) for p in padded], device=reduce_device())
         dist.all_reduce(shapes, op=dist.ReduceOp.MAX, group=group)
         return mbs, [pad_to(p, int(b), int(s)) for p, (b, s) in zip(padded, shapes.tolist(), strict=True)]
 
@@ -334,8 +346,8 @@ class MegatronBackend:
             for r in results:
                 loss += r["loss_sum"].double().cpu()
                 stats = stats.merge(r["stats"])
-        loss = _all_reduce_sum(loss, self.device)
-        merged = _on_device(stats, self.device).all_reduce()
+        loss = _all_reduce_sum(loss)
+        merged = stats.all_reduce()  # moves its tensors to `reduce_device()` itself
         return {
             "loss/total": float(loss) / num_loss_tokens,
             **merged.metrics(),
@@ -378,14 +390,9 @@ def _finalize_without_token_scaling(model, num_tokens, **kwargs) -> None:
     megatron_finalize_model_grads(model, None, **kwargs)
 
 
-def _all_reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if dist.get_world_size() == 1:
         return t
-    out = t.to(device)  # NCCL reduces only GPU tensors
+    out = t.to(reduce_device())  # NCCL reduces only GPU tensors
     dist.all_reduce(out)
     return out.cpu()
-
-
-def _on_device(stats: TokenStats, device: torch.device) -> TokenStats:
-    """TokenStats are built on the CPU; NCCL reduces only GPU tensors."""
-    return TokenStats(*(getattr(stats, f.name).to(device) for f in dataclasses.fields(stats)))
