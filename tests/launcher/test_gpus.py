@@ -112,3 +112,33 @@ def test_rl_refuses_what_broke_the_first_gpu_run_at_start(
     asked for cuda:1 ('invalid device ordinal'). Both are now one line before any process starts."""
     monkeypatch.setattr(gpus, "visible_cuda_devices", lambda: 1)
     assert line in _rl_start(argv, tmp_path, capsys)
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_placed_process_sees_its_own_device_as_cuda_0(tmp_path: Path) -> None:
+    """The real CUDA_VISIBLE_DEVICES effect: each child sees one device, and it is the one placed (same
+    UUID as rl's device of that index), also when it is not rl's device 0."""
+    import torch
+
+    count = torch.cuda.device_count()
+    assert gpus.visible_cuda_devices() == count
+    placement = Placement(devices={"inference": [count - 1], "trainer": [0]}, transport="filesystem")
+    components = _components(load_config(RLConfig, []), placement, tmp_path)
+    code = "import torch; print(torch.cuda.device_count(), torch.cuda.get_device_properties(0).uuid)"
+    for name, index in (("inference", count - 1), ("trainer", 0)):
+        out = subprocess.run([sys.executable, "-c", code], env=components[name].env, capture_output=True,
+                             text=True, timeout=120, check=True).stdout.split()  # fmt: skip
+        assert out == ["1", str(torch.cuda.get_device_properties(index).uuid)], name
+
+
+@pytest.mark.gpu
+def test_on_one_cuda_device_rl_refuses_distributed_weights_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture, restore_logging: None
+) -> None:
+    """The first GPU run's NCCL 'Duplicate GPU detected', on the real device count: one line, exit 2."""
+    import torch
+
+    if torch.cuda.device_count() != 1:
+        pytest.skip(f"needs exactly 1 CUDA device, {torch.cuda.device_count()} visible")
+    line = _rl_start(["--weights.transport", "distributed"], tmp_path, capsys)
+    assert "weights.transport = 'distributed' with gpus.inference = [0]" in line
