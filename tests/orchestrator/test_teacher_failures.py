@@ -26,8 +26,8 @@ import pytest
 
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.orchestrator.orchestrator import build_components, run_loop
-from prime_async.orchestrator.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.rollouts.episode_errors import EpisodesFailing
+from prime_async.rollouts.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.rollouts.types import Episode
 from prime_async.simulation import InMemoryBroadcasts, SimParams, SimulatedEngine, SimulatedRolloutSource
 from prime_async.utils.stall import StallWatch

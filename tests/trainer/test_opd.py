@@ -15,8 +15,8 @@ from prime_async.config.orchestrator import AdvantageConfig, TeacherConfig
 from prime_async.config.trainer import MaskLossConfig
 from prime_async.inference.client import HttpEngineClient
 from prime_async.orchestrator.batching import build_train_batch
-from prime_async.orchestrator.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.orchestrator.types import Group
+from prime_async.rollouts.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.rollouts.types import Episode
 from prime_async.trainer.loss import build_loss_fn
 from prime_async.trainer.opd import apply_teacher_advantage

@@ -5,7 +5,7 @@
            (no broadcast yet: the original config, v0); the trainer's history is unchanged
     teacher_inference (the distillation teacher's engine) dies
         -> it restarts with its original config (the teacher's weights never change); the orchestrator
-           holds scoring meanwhile (`orchestrator/teacher.py`, up to teacher.outage_timeout_s)
+           holds scoring meanwhile (`rollouts/teacher.py`, up to teacher.outage_timeout_s)
     orchestrator stopped as planned (exit 143 after a planned-stop checkpoint, `weights.transport =
     "filesystem"`)
         -> it alone restarts with resume = true: its checkpoint is the newest batch the trainer fetched,

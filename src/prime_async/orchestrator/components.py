@@ -15,9 +15,9 @@ from prime_async.orchestrator.engine_load import EngineLoad
 from prime_async.orchestrator.env_mix import EnvMix
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.length_bias import LengthBias
-from prime_async.orchestrator.teacher import TeacherScorer
 from prime_async.orchestrator.train_sink import Sink
 from prime_async.orchestrator.types import Group
+from prime_async.rollouts.teacher import TeacherScorer
 from prime_async.weights.watcher import WeightWatcher
 
 

@@ -62,11 +62,11 @@ from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.length_bias import LengthBias
 from prime_async.orchestrator.schedule import DeterministicSchedule
-from prime_async.orchestrator.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.orchestrator.train_sink import Sink
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.episode_errors import TEACHER, EpisodeErrors, EpisodesFailing
 from prime_async.rollouts.seeds import episode_seed
+from prime_async.rollouts.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.rollouts.types import Episode, PolicySpan
 
 logger = logging.getLogger(__name__)

@@ -62,7 +62,6 @@ from prime_async.orchestrator.planned_stop import (
     stop_on_signals,
 )
 from prime_async.orchestrator.schedule import DeterministicSchedule
-from prime_async.orchestrator.teacher import TeacherScorer
 from prime_async.orchestrator.train_sink import build_train_sink
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.engine_checks import (
@@ -71,6 +70,7 @@ from prime_async.rollouts.engine_checks import (
     wait_for_engines,
 )
 from prime_async.rollouts.sources import build_sources, source_metrics
+from prime_async.rollouts.teacher import TeacherScorer
 from prime_async.rollouts.types import RolloutSource
 from prime_async.transport.types import TrainBatch
 from prime_async.utils.stall import StallWatch, waiting
