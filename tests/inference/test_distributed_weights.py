@@ -5,7 +5,8 @@ The test process is rank 0 of the weight process group (as trainer rank 0 is in 
 broadcasts each version in several buckets while `/update_weights_from_distributed` receives them. For
 every version the engine's logprobs (fixed sampling seed) must equal those it gives after loading the same
 tensors from a broadcast directory (`/update_weights_from_disk`), and generation paused in each mode
-continues across the update with per-token version spans.
+continues across the update with per-token version spans. The shared-memory path (`weights.transport =
+"shared"`, `/update_weights_from_tensor`) is checked the same way against the filesystem path.
 """
 
 from __future__ import annotations
@@ -164,6 +165,92 @@ def check_versions_equal_filesystem(engine, tiny_model_dir: Path, backend: str) 
             assert logprobs(via_group) == logprobs(via_disk)  # the same weights, bit for bit
     finally:
         rank0.close()
+
+
+def test_shared_versions_equal_filesystem(engine, tiny_model_dir: Path) -> None:
+    """`weights.transport = "shared"` on CPU: versions in POSIX shared memory, copied by the engine."""
+    check_shared_equals_filesystem(engine, tiny_model_dir, torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_shared_cuda_versions_equal_filesystem(cuda_engine, tiny_model_dir: Path) -> None:
+    """The same with the test process's buffer on the GPU, lent to a CUDA engine as IPC handle fields
+    (engine and 'trainer' on one GPU: what NCCL refuses)."""
+    check_shared_equals_filesystem(cuda_engine, tiny_model_dir, torch.device("cuda"))
+
+
+def check_shared_equals_filesystem(engine, tiny_model_dir: Path, device: torch.device) -> None:
+    from prime_async.weights.shared_memory import SharedStore
+    from prime_async.weights.shared_wire import SHARED_LOAD_FORMAT, encode_share
+
+    url, work = engine
+    store = SharedStore(device, keep=2)
+    publisher = WeightPublisher(
+        output_dir=work / device.type, model_config=_config(tiny_model_dir), source_dir=tiny_model_dir,
+        keep_last=2,
+    )  # fmt: skip
+    try:
+        for version in (21, 22, 23):
+            state = version_state(tiny_model_dir, version)
+            store.put(state, version)
+            [share] = store.lend(version, 1)
+            assert (share.cuda is not None) == (device.type == "cuda")
+            post(url, "/update_weights_from_tensor", {
+                "serialized_named_tensors": [encode_share(share)], "load_format": SHARED_LOAD_FORMAT,
+                "weight_version": str(version),
+            })  # fmt: skip
+            store.give_back(version)
+            via_shared = generate(url)
+            assert via_shared["meta_info"]["weight_version"] == str(version)
+            path = publisher.publish(state, version)
+            post(url, "/update_weights_from_disk", {"model_path": str(path), "weight_version": str(version)})
+            via_disk = generate(url)
+            assert via_shared["output_ids"] == via_disk["output_ids"]
+            assert logprobs(via_shared) == logprobs(via_disk)  # the same weights, bit for bit
+    finally:
+        store.close()
+
+
+def test_shared_bad_requests_are_refused_and_weights_kept(engine, tiny_model_dir: Path) -> None:
+    """A pickle (SGLang's format), a version missing tensors, a tensor of the wrong shape, a segment the
+    trainer dropped: 400, and the engine serves what it served."""
+    import base64
+    import pickle
+
+    from prime_async.weights.shared_memory import SharedStore
+    from prime_async.weights.shared_wire import SHARED_LOAD_FORMAT, encode_share
+
+    url, _ = engine
+    before = generate(url)
+    pickled = base64.b64encode(pickle.dumps([("model.norm.weight", torch.zeros(3))])).decode()
+    answer = post(url, "/update_weights_from_tensor", {"serialized_named_tensors": [pickled]}, expect=400)
+    assert "never unpickles" in str(answer), answer
+
+    def payload(share) -> dict:
+        return {"serialized_named_tensors": [encode_share(share)], "load_format": SHARED_LOAD_FORMAT,
+                "weight_version": "99"}  # fmt: skip
+
+    store = SharedStore(torch.device("cpu"), keep=1)
+    try:
+        store.put({"model.norm.weight": torch.zeros(3)}, 97)
+        [partial] = store.lend(97, 1)
+        answer = post(url, "/update_weights_from_tensor", payload(partial), expect=400)
+        assert "missing ['model.embed_tokens.weight'" in answer["message"], answer  # a whole version only
+        store.put({**version_state(tiny_model_dir, 98), "model.norm.weight": torch.zeros(3)}, 98)
+        [wrong_shape] = store.lend(98, 1)
+        answer = post(url, "/update_weights_from_tensor", payload(wrong_shape), expect=400)
+        assert "model.norm.weight has shape (3,)" in answer["message"], answer
+        store.put(version_state(tiny_model_dir, 99), 99)
+        [dropped] = store.lend(99, 1)
+        store.give_back(99)
+        store.put(version_state(tiny_model_dir, 100), 100)  # keep = 1: v99's segment is unlinked
+        answer = post(url, "/update_weights_from_tensor", payload(dropped), expect=400)
+        assert "does not exist" in answer["message"], answer
+    finally:
+        store.close()
+    after = generate(url)
+    assert after["meta_info"]["weight_version"] == before["meta_info"]["weight_version"]
+    assert logprobs(after) == logprobs(before)
 
 
 @pytest.mark.parametrize(("mode", "version"), [("retract", 10), ("in_place", 11), ("abort", 12)])

@@ -160,7 +160,7 @@ class UpdateWeightsFromTensorReqInput(_Strict):
     (`weights/shared_wire.py`), with `load_format = SHARED_LOAD_FORMAT`, and refuses anything else."""
 
     serialized_named_tensors: list[str] = Field(min_length=1, max_length=1)
-    load_format: str | None = None
+    load_format: str | None = Field(None, validate_default=True)  # SGLang's default: pickled tensors
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
