@@ -73,8 +73,25 @@ def test_automatic_placement_side_by_side_then_one_device() -> None:
         "trainer": [0, 1], "inference": [2, 3], "teacher_inference": [4],
     }  # fmt: skip
     assert assign_devices({"inference": 1, "trainer": 1}, {}, 1) == {"inference": [0], "trainer": [0]}
-    with pytest.raises(ValueError, match=r"need 5 devices .* 4 of the 4 visible"):
-        assign_devices(needs, {}, 4)
+
+
+def test_automatic_placement_shares_when_side_by_side_does_not_fit() -> None:
+    """The trainer's ranks take the last devices, the engines the others in turn (all when none is left)."""
+    needs = {"inference": 2, "teacher_inference": 1, "trainer": 2}
+    assert assign_devices(needs, {}, 4) == {"trainer": [2, 3], "inference": [0, 1], "teacher_inference": [0]}
+    one_each = {"inference": 1, "teacher_inference": 1, "trainer": 1}
+    assert assign_devices(one_each, {}, 2) == {"trainer": [1], "inference": [0], "teacher_inference": [0]}
+    assert assign_devices(one_each, {}, 1) == {"trainer": [0], "inference": [0], "teacher_inference": [0]}
+    assert assign_devices({"inference": 1, "trainer": 2}, {}, 2) == {"trainer": [0, 1], "inference": [0]}
+    assert assign_devices({"inference": 1, "trainer": 2}, {}, 1)["trainer"] == [0], "ranks_vs_devices refuses"
+    # explicit lists keep their devices; the automatic ones share what is left
+    assert assign_devices(one_each, {"teacher_inference": [0]}, 2) == {
+        "teacher_inference": [0], "inference": [1], "trainer": [1],
+    }  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"^gpus.inference: \[inference\] needs 3 devices .* 2 of the 2 visible"
+    ):
+        assign_devices({"inference": 3, "trainer": 1}, {}, 2)
 
 
 def test_ranks_vs_devices() -> None:
@@ -152,14 +169,18 @@ def test_two_trainer_ranks_on_one_device_are_refused() -> None:
     error = start_refusal(TWO_RANKS, 1)
     assert error.startswith("trainer.num_processes = 2 with 1 CUDA device(s) for the trainer")
     assert place(rl(TWO_RANKS), 3).devices == {"inference": [0], "trainer": [1, 2]}
+    two = place(rl(TWO_RANKS), 2)  # engine and trainer rank 0 share device 0: filesystem weights
+    assert two.devices == {"trainer": [0, 1], "inference": [0]} and two.transport == "filesystem"
+    with pytest.raises(ValueError, match=r"weights.transport = 'distributed' with gpus.inference"):
+        place(rl([*TWO_RANKS, *DISTRIBUTED]), 2)
 
 
 def test_more_than_the_visible_devices_is_refused() -> None:
     error = start_refusal(["--gpus.trainer", "[3]"], 2)
     assert error.startswith("gpus.trainer = [3] names device 3, and 2 CUDA device(s) are visible")
-    error = start_refusal(TWO_RANKS, 2)
-    assert error.startswith("gpus: the components without a [gpus] list need 3 devices")
-    assert "(inference 1, trainer 2)" in error
+    sglang = ["--inference.backend", "sglang", "--inference.sglang.num-engines", "3"]
+    error = start_refusal(sglang, 2)
+    assert error.startswith("gpus.inference: [inference] needs 3 devices (SGLang: num_engines * tp * dp)")
 
 
 def test_shared_path_needs_the_engine_on_the_trainers_device() -> None:

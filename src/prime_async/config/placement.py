@@ -9,9 +9,8 @@ inference devices, the embedded engine `cuda:0`. An unset key lets `rl` place th
 - N = 0 (no CUDA): placement is a no-op, no environment changes;
 - the needs of all components fit side by side: consecutive devices, in the order inference,
   eval_inference, teacher_inference, trainer, skipping the devices placed explicitly;
-- N = 1 and every engine needing one device: every component on device 0 (one device shared by engines
-  and trainer);
-- otherwise refused: the user places the components with `gpus.*`.
+- otherwise they share (`_share_devices`): the trainer's ranks take the last devices, the engines the
+  others in turn (all of them when the trainer took every one); on one device every component is on 0.
 
 Components on one device share it (its memory: the shared-device mode), except where that cannot work,
 which is refused before anything starts, with one line naming both keys:
@@ -153,22 +152,39 @@ def ranks_vs_devices(num_processes: int, num_devices: int, *, where: str) -> str
 def assign_devices(needs: Mapping[str, int], explicit: Mapping[str, Sequence[int]], num_devices: int) -> dict:
     """Devices of every component in `needs`: its explicit list, else automatic (module docstring).
 
-    Raises ValueError (one line) when the automatic ones cannot be placed."""
+    Raises ValueError (one line) when an engine needs more devices than there are to give it."""
     devices = {name: list(explicit[name]) for name in needs if name in explicit}
-    auto = [name for name in COMPONENTS if name in needs and name not in explicit]
+    auto = {name: needs[name] for name in COMPONENTS if name in needs and name not in explicit}
     free = [d for d in range(num_devices) if not any(d in ds for ds in devices.values())]
-    if sum(needs[name] for name in auto) <= len(free):
-        for name in auto:
-            devices[name], free = free[: needs[name]], free[needs[name] :]
-        return devices
-    if num_devices == 1 and all(needs[name] == 1 for name in auto if name != "trainer"):
-        return {**devices, **{name: [0] for name in auto}}  # several trainer ranks: `ranks_vs_devices`
-    wanted = ", ".join(f"{name} {needs[name]}" for name in auto)
-    raise ValueError(
-        f"gpus: the components without a [gpus] list need {sum(needs[n] for n in auto)} devices ({wanted}) "
-        f"and {len(free)} of the {num_devices} visible CUDA devices are left for them: set gpus.<component> "
-        "to place them (components may share a device: docs/gpu.md)"
-    )
+    if sum(auto.values()) <= len(free):
+        for name, count in auto.items():
+            devices[name], free = free[:count], free[count:]
+    else:
+        devices.update(_share_devices(auto, free or list(range(num_devices)), num_devices))
+    return {name: devices[name] for name in COMPONENTS if name in devices}  # in component order
+
+
+def _share_devices(needs: Mapping[str, int], pool: list[int], num_devices: int) -> dict[str, list[int]]:
+    """Placement when the components do not fit side by side on `pool`: the trainer takes its ranks' devices
+    from the end (all of `pool` when it has more ranks: `ranks_vs_devices` then refuses), the engines
+    take the others in turn, sharing them, or all of `pool` when the trainer left none."""
+    devices: dict[str, list[int]] = {}
+    if "trainer" in needs:
+        devices["trainer"] = pool[-needs["trainer"] :] if needs["trainer"] <= len(pool) else list(pool)
+    engines_pool = [d for d in pool if d not in devices.get("trainer", [])] or pool
+    turn = 0
+    for name in (n for n in COMPONENTS if n in needs and n != "trainer"):
+        count = needs[name]
+        choices = engines_pool if count <= len(engines_pool) else pool
+        if count > len(choices):
+            raise ValueError(
+                f"gpus.{name}: [{name}] needs {count} devices (SGLang: num_engines * tp * dp) and "
+                f"{len(pool)} of the {num_devices} visible CUDA devices are there for it: use fewer "
+                f"engines or make more devices visible"
+            )
+        devices[name] = [choices[(turn + i) % len(choices)] for i in range(count)]
+        turn += count
+    return devices
 
 
 def _key(name: str, devices: Mapping[str, Sequence[int]], explicit: Mapping[str, Sequence[int]]) -> str:

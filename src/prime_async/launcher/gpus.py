@@ -21,6 +21,7 @@ from prime_async.config.placement import (
     Placement,
     child_visible_devices,
     explicit_devices,
+    find_overlaps,
     place,
     shared_run,
 )
@@ -54,9 +55,11 @@ def place_run(cfg: RLConfig, num_devices: int | None = None) -> tuple[RLConfig, 
             placement.devices["trainer"][0], cfg.weights.transport, cfg.trainer.mem_fraction,
             cfg.inference.engine.mem_fraction,
         )  # fmt: skip
+    shared = [f"{o.first} and {o.second} share {list(o.devices)}" for o in find_overlaps(placement.devices)]
     logger.info(
-        "placement on %d CUDA device(s): %s", num_devices,
+        "placement on %d CUDA device(s): %s%s", num_devices,
         ", ".join(f"{name} {devices}" for name, devices in placement.devices.items()),
+        f" ({'; '.join(shared)})" if shared else "",
     )  # fmt: skip
     return cfg, placement
 
