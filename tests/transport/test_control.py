@@ -5,6 +5,7 @@
 - the distributed handshake end to end: the trainer side (`WeightSync`, joining a real gloo group as
   rank 0) and `DistributedWeights` driving a real embedded engine process; a version the trainer no
   longer holds is refused before the engine is asked to receive, and the group survives it;
+- the shared-memory handshake (Lend, the engine's copy, GiveBack) with `WeightSync` and `SharedWeights`;
 - malformed frames raise `WireError`; a transport mismatch fails the watcher with a clear message.
 """
 
@@ -153,4 +154,61 @@ def test_distributed_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path:
 
     loads = asyncio.run(go())
     assert loads > 3  # 0.01 MiB buckets: v1 arrived in several
+    assert not (tmp_path / "broadcasts" / "step_1").exists()  # on_disk=False: memory only
+
+
+@pytest.mark.timeout(1200)
+def test_shared_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path: Path, engine_url):
+    """`weights.transport = "shared"`: WeightSync keeps versions in shared memory, `SharedWeights` has
+    them lent (Lend), copied by a real engine, and given back (GiveBack); a version the trainer no longer
+    holds is `VersionGone` before the engine is asked anything."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from prime_async.inference.client import HttpEngineClient
+    from prime_async.weights.publish import WeightPublisher
+    from prime_async.weights.sync import WeightSync
+    from prime_async.weights.watcher import VersionGone
+
+    url, engine_log = engine_url
+    port = free_pair()
+    orch_cfg = OrchestratorConfig.model_validate(
+        {"transport": {"port": port}, "weights": {"transport": "shared"}}
+    )
+    trainer_cfg = TrainerConfig.model_validate(
+        {"transport": {"port": port}, "weights": {"transport": "shared"}, "output_dir": str(tmp_path)}
+    )
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    publisher = WeightPublisher(
+        output_dir=tmp_path, model_config=config, source_dir=tiny_model_dir, keep_last=2
+    )
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+
+    async def go():
+        signal = UpdateSignal()
+        control, loader = build_control(orch_cfg, signal)
+        sync = WeightSync(trainer_cfg, publisher, torch.device("cpu"), tied=bool(config.tie_word_embeddings))
+        engine = HttpEngineClient(url)
+        try:
+            for v in (1, 2, 3, 4):  # the trainer keeps its newest two
+                signal.event.clear()
+                sync.publish({k: t + v for k, t in base.items()}, v, protected=(), on_disk=False)
+                await asyncio.wait_for(signal.event.wait(), 30)
+                if v == 1:
+                    await loader.load([engine], 1, flush_cache=True)
+                    assert await engine.weight_version() == 1
+                    assert sync.shared.versions() == [1]  # given back: droppable like any other
+            assert loader.latest() == 4 and sync.shared.versions() == [3, 4]
+            with pytest.raises(VersionGone, match="cannot lend version 2"):
+                await loader.load([engine], 2, flush_cache=True)
+            assert engine_log.read_text().count("from shared memory") == 1  # engine never asked
+            await loader.load([engine], 4, flush_cache=True)
+            assert await engine.weight_version() == 4
+        finally:
+            sync.close()
+            await engine.aclose()
+            await control.close()
+
+    asyncio.run(go())
+    assert engine_log.read_text().count("from shared memory") == 2
     assert not (tmp_path / "broadcasts" / "step_1").exists()  # on_disk=False: memory only
