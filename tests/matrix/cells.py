@@ -3,8 +3,13 @@
     DIMENSIONS ──► refused pairs: every pair of values (the rest at their defaults) validated by the real
                    `RLConfig`; a pair it refuses is a refusal cell (exit 2, one line naming both keys)
                ──► trained cells: an all-pairs covering set (allpairspy) of every other pair, each cell a
-                   whole `rl` run on the tiny model: its steps trained, the ledger balanced at every step,
-                   every staleness in [0, K], nothing left running afterwards
+                   whole `rl` run on the tiny model (the default buffer at every K), checked against
+                   counts the orchestrator's group table did not make (`check_trained`): its steps
+                   trained; `ledger/trained` = the trajectories the trainer counted in what it received,
+                   the finished ones all in the episode log; staleness in [0, K] per group and per token
+                   (from the wire's versions, none unknown); nothing cancelled, stale or lost outside kill
+                   cells; a teacher's logprobs in every batch; replayed routes in every trainer step; the
+                   kill the only restart; no process of the run left afterwards
 
 Used by `test_matrix.py` (CI: every cell), `test_matrix_doc.py` (the docs table lists exactly these
 cells) and `scripts/feature_matrix.py` (runs the cells, writes `docs/feature-matrix.md`).
@@ -16,9 +21,11 @@ is a refused pair; a cell's whole `rl` config is `cell_config(cell, ...)`, nothi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,10 +80,10 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
     inference_port, transport_port, eval_port = ports
     k = cell["k"]
     envs = [ENVS[cell["env"]]] + ([MIX_PARTNER] if cell["envs"] == "mix" else [])
+    # max_buffered_groups is left at its default, (K + 1) * batch_groups, at every K
     orchestrator: dict[str, Any] = {
         "batch_groups": 2, "group_size": 2, "max_off_policy_steps": k,
-        "max_buffered_groups": 2 * min(k + 1, 2), "submission_granularity": cell["granularity"],
-        "sampling": {"max_tokens": 8}, "envs": envs,
+        "submission_granularity": cell["granularity"], "sampling": {"max_tokens": 8}, "envs": envs,
     }  # fmt: skip
     cfg: dict[str, Any] = {
         "max_steps": STEPS if cell["kill"] == "none" else KILL_STEPS,
@@ -242,7 +249,9 @@ class CellRun:
 
 
 def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> CellRun:
-    """Run `rl` on the cell's config (written to `work/cell.toml`), with its kill, and report."""
+    """Run `rl` on the cell's config (written to `work/cell.toml`), with its kill, and report; every
+    process of the run (its tree while `rl` lived, or the run's marker in its environment) still alive
+    once `rl` exited is reported in `leftovers`, then ended."""
     import tomli_w
 
     from proc_helpers import free_pair, free_port
@@ -252,21 +261,99 @@ def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> Ce
     path = work / "cell.toml"
     path.write_text(tomli_w.dumps(cell_config(cell, out=str(out), model_dir=str(model_dir), ports=ports)))
     run = CellRun(cell=cell, out=out)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
+           RUN_MARKER: str(out)}  # fmt: skip
     stop = threading.Event()
-    killer = threading.Thread(target=_kill_at, args=(run, stop), daemon=True)
-    killer.start()
+    seen: dict[int, str] = {}  # pid -> start time of every process seen in rl's tree
     start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    threads = [threading.Thread(target=_kill_at, args=(run, stop), daemon=True),
+               threading.Thread(target=_watch_tree, args=(proc.pid, seen, stop), daemon=True)]  # fmt: skip
+    for thread in threads:
+        thread.start()
     try:
-        proc = subprocess.run([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
-                              env=env, capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+        run.stderr = _stderr_of(proc, timeout_s)
     finally:
         stop.set()
-        killer.join(10)
+        for thread in threads:
+            thread.join(10)
     run.wall_s = time.monotonic() - start
-    run.returncode, run.stderr = proc.returncode, proc.stderr
-    run.leftovers = processes_of(out)
+    run.returncode = proc.returncode
+    run.leftovers = leftover_processes(out, seen)
+    _end(run.leftovers)
     return run
+
+
+def _stderr_of(proc: subprocess.Popen, timeout_s: float) -> str:
+    """`proc`'s stderr once it exited; past `timeout_s` it gets SIGTERM (`rl` then ends its components),
+    SIGKILL 60 s later, and the stderr says it timed out."""
+    try:
+        return proc.communicate(timeout=timeout_s)[1]
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            stderr = proc.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stderr = proc.communicate()[1]
+        return f"{stderr}\n[matrix] rl timed out after {timeout_s:.0f} s"
+
+
+RUN_MARKER = "PRIME_ASYNC_MATRIX_RUN"  # in the environment of every process of a cell's run: its output dir
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of `pid` (field 22 of /proc/pid/stat), which tells it from a later process that
+    reuses the pid; None once it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # tolerated: the process exited
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _watch_tree(root: int, seen: dict[int, str], stop: threading.Event) -> None:
+    """Record every descendant of `root` (`rl`, a subreaper: orphans stay under it while it lives) until
+    `stop`, every 0.1 s."""
+    from prime_async.utils.process_tree import descendants
+
+    while not stop.is_set():
+        for pid in descendants(root):
+            started = _start_time(pid)
+            if started is not None:
+                seen.setdefault(pid, started)
+        stop.wait(0.1)
+
+
+def leftover_processes(out: Path, seen: dict[int, str]) -> list[str]:
+    """'pid cmdline' of every live process of the run in `out`: seen in `rl`'s tree (same pid and start
+    time), or carrying the run's marker in its environment."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        pid = int(entry.name)
+        started = _start_time(pid)
+        if started is None:
+            continue
+        ours = seen.get(pid) == started
+        if not ours:
+            with contextlib.suppress(OSError):  # tolerated: gone, or another user's process
+                ours = f"{RUN_MARKER}={out}\0".encode() in (entry / "environ").read_bytes()
+        if ours:
+            with contextlib.suppress(OSError):
+                cmd = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+                found.append(f"{pid} {cmd[:200]}")
+    return found
+
+
+def _end(leftovers: list[str]) -> None:
+    """SIGKILL the reported leftovers (processes of this run only), so later cells start clean."""
+    for line in leftovers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
 
 
 def _kill_at(run: CellRun, stop: threading.Event) -> None:
@@ -286,10 +373,10 @@ def _kill_at(run: CellRun, stop: threading.Event) -> None:
         stop.wait(0.05)
 
 
-def processes_of(out: Path, component: str | None = None) -> list[str]:
-    """'pid cmdline' of every live process started for the run in `out` (of `component`, when given,
-    matched by its config file `out/configs/<component>.toml`)."""
-    needle = str(out / "configs" / (f"{component}.toml" if component else ""))
+def processes_of(out: Path, component: str) -> list[str]:
+    """'pid cmdline' of every live process of `component` of the run in `out` (the kill's target),
+    matched by its config file `out/configs/<component>.toml`."""
+    needle = str(out / "configs" / f"{component}.toml")
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -316,21 +403,143 @@ def check_trained(run: CellRun) -> dict[str, float]:
     k = run.cell["k"]
     orch = read_jsonl(run.out / "metrics" / "orchestrator.jsonl")
     trainer = read_jsonl(run.out / "metrics" / "trainer.jsonl")
+    episodes = read_jsonl(run.out / "metrics" / "episodes.jsonl")
     assert sorted({m["step"] for m in orch}) == list(range(steps)), [m["step"] for m in orch]
     assert sorted({m["step"] for m in trainer}) == list(range(steps)), [m["step"] for m in trainer]
-    buckets = ("inflight", "buffered", "trained", "dropped_stale", "filtered", "errored", "cancelled")
     for m in orch:
-        assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in buckets), m
+        assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in LEDGER_STATES), m
         assert 0 <= m["rollout/data_staleness/min"] <= m["rollout/data_staleness/max"] <= k, m
-    if run.cell["kill"] != "none":
-        assert run.killed_pid, "the kill never landed"
-        assert f"{run.cell['kill']} exited with status -9: restart 1/1" in run.stderr, run.stderr[-3000:]
+    check_ledger(orch, trainer, episodes, steps)
+    check_no_waste(run.cell, orch)
+    check_offpolicy(run.cell, trainer, num_steps_per_batch(run.out))
+    check_teacher(run.cell, orch)
+    check_router_replay(run.cell, trainer)
+    check_kill(run)
     return {
         "wall_s": run.wall_s,
         "staleness_max": max(m["rollout/data_staleness/max"] for m in orch),
         "trained": orch[-1]["ledger/trained"],
         "errored": orch[-1]["ledger/errored"],
     }
+
+
+LEDGER_STATES = ("inflight", "buffered", "trained", "dropped_stale", "filtered", "errored", "cancelled")
+FINISHED_STATES = ("buffered", "trained", "dropped_stale", "filtered", "errored")  # reached the sink
+
+
+def last_lifetime(orch: list[dict]) -> list[dict]:
+    """The orchestrator rows of its last lifetime (its ledger counts from that lifetime's start): the
+    trailing rows cut by the lifetime that cut the last batch, steps rising."""
+    start = orch[-1]["batch/lifetime_start"]
+    i = len(orch) - 1
+    while i > 0 and orch[i - 1]["batch/lifetime_start"] == start and orch[i - 1]["step"] < orch[i]["step"]:
+        i -= 1
+    return orch[i:]
+
+
+def check_ledger(orch: list[dict], trainer: list[dict], episodes: list[dict], steps: int) -> None:
+    """The orchestrator's `ledger/*` against counts that owe nothing to its group table:
+    - trained: after each batch n of the last lifetime, `ledger/trained` is the sum of `loss/num_samples`
+      (trajectories with a loss token, counted by the trainer in the rows it received) over the batches
+      of that lifetime up to n; the trainer's row of a step is its last (a restarted trainer re-logs);
+    - finished: every trajectory that reached the sink (trained, buffered, dropped, filtered) has its line
+      in `metrics/episodes.jsonl`, written by the dispatcher when its group finished; trained ones are ok."""
+    rows = last_lifetime(orch)
+    start = rows[0]["step"]
+    assert [m["step"] for m in rows] == list(range(start, steps)), [m["step"] for m in orch]
+    by_step = {m["step"]: m for m in trainer}  # the last row of each step
+    received = 0.0
+    for m in rows:
+        t = by_step[m["step"]]
+        assert t["batch/lifetime_start"] == m["batch/lifetime_start"], (
+            f"step {m['step']}: the trainer trained a batch of the lifetime started at "
+            f"{t['batch/lifetime_start']}, the orchestrator's last lifetime started at {start}"
+        )
+        received += t["loss/num_samples"]
+        assert m["ledger/trained"] == received, (
+            f"step {m['step']}: ledger/trained {m['ledger/trained']:.0f}, but the trainer received "
+            f"{received:.0f} trajectories in batches {start}..{m['step']}"
+        )
+    last = rows[-1]
+    finished = sum(last[f"ledger/{b}"] for b in FINISHED_STATES)
+    ok = sum(e["status"] == "ok" for e in episodes)
+    assert len(episodes) >= finished, f"{len(episodes)} trajectories logged < {finished:.0f} finished"
+    assert ok >= last["ledger/trained"], f"{ok} ok trajectories logged < {last['ledger/trained']:.0f} trained"
+
+
+def check_no_waste(cell: Cell, orch: list[dict]) -> None:
+    """Admission dispatches only what can ship (the default buffer, every K): nothing cancelled, nothing
+    dropped stale, no prompt lost; a kill cell's restart may (a rollback cancels the work in flight)."""
+    if cell["kill"] != "none":
+        return
+    last = orch[-1]
+    for name in ("cancelled", "dropped_stale", "prompts_lost"):
+        assert last[f"ledger/{name}"] == 0, f"ledger/{name} = {last[f'ledger/{name}']:.0f}: {last}"
+
+
+def num_steps_per_batch(out: Path) -> int:
+    """S = `optim.num_steps_per_batch` of the trainer as `rl` configured it (`out/configs/trainer.toml`)."""
+    import tomllib
+
+    from prime_async.config.trainer import OptimConfig
+
+    optim = tomllib.loads((out / "configs" / "trainer.toml").read_text()).get("optim", {})
+    return int(optim.get("num_steps_per_batch", OptimConfig().num_steps_per_batch))
+
+
+def check_offpolicy(cell: Cell, trainer: list[dict], num_steps: int) -> None:
+    """Per token, from the versions on the wire: every loss token was trained at most (K + 1) * S - 1
+    optimizer steps after the weights that sampled it, and none has an unknown version."""
+    from prime_async.config.trainer import max_effective_steps
+
+    bound = max_effective_steps(cell["k"], num_steps)
+    for m in trainer:
+        assert m["offpolicy/effective_steps/max"] <= bound, (
+            f"step {m['step']}: a token {m['offpolicy/effective_steps/max']:.0f} optimizer steps off-policy "
+            f"> (K + 1) * S - 1 = {bound}"
+        )
+        assert m["offpolicy/unknown_version_tokens"] == 0, f"step {m['step']}: loss tokens without a version"
+
+
+def check_teacher(cell: Cell, orch: list[dict]) -> None:
+    """A teacher cell distils: every batch carries the teacher's logprobs on its loss tokens
+    (`opd/teacher_logprob` < 0; 0 when they are missing), they are the student's own to within
+    `OPD_KL_BOUND` (`opd/reverse_kl`: the teacher is the student's initial model, and a few steps at lr 1e-4
+    barely move it), the teacher scored tokens and failed none. A cell without a teacher has no `opd/*`."""
+    if cell["teacher"] == "off":
+        assert not [k for m in orch for k in m if k.startswith(("opd/", "teacher/"))], orch[-1]
+        return
+    for m in orch:
+        assert m["opd/teacher_logprob"] < 0, f"step {m['step']}: no teacher logprob in the batch: {m}"
+        assert abs(m["opd/reverse_kl"]) < OPD_KL_BOUND, f"step {m['step']}: student and teacher disagree: {m}"
+        assert m["teacher/errors"] == 0, f"step {m['step']}: {m['teacher/errors']:.0f} teacher errors"
+    assert sum(m["teacher/tokens"] for m in orch) > 0, "the teacher scored no token"
+
+
+# nats per loss token: at most ~0.012 seen (full fine-tune, 6 steps). A sanity bound only: the tiny model
+# is near-uniform (logprobs ~ -6.9), so teacher logprobs of the wrong tokens would not always exceed it.
+OPD_KL_BOUND = 0.1
+
+
+def check_router_replay(cell: Cell, trainer: list[dict]) -> None:
+    """A router-replay cell delivers the engine's routes to the trainer in every step
+    (`moe/replayed_routes` > 0); a cell without replay delivers none."""
+    if cell["moe"] == "off":
+        assert not [m["step"] for m in trainer if "moe/replayed_routes" in m]
+        return
+    for m in trainer:
+        assert m.get("moe/replayed_routes", 0) > 0, f"step {m['step']}: no route replayed: {m}"
+
+
+def check_kill(run: CellRun) -> None:
+    """A kill cell's kill landed and was the one restart of the run: no other component died and was
+    restarted on its own budget."""
+    restarts = re.findall(r"(\w+) exited with status (\S+): restart \d+/\d+", run.stderr)
+    if run.cell["kill"] == "none":
+        assert not restarts, f"a component died in a cell without a kill: {restarts}"
+        return
+    assert run.killed_pid, "the kill never landed"
+    assert restarts == [(run.cell["kill"], "-9")], f"restarts {restarts}, expected the kill's alone"
 
 
 def run_refused(cell: Cell, work: Path, *, timeout_s: float = 120) -> subprocess.CompletedProcess:

@@ -1,8 +1,9 @@
 """The feature-interaction matrix (`cells.py`), run for real: every trained cell is a whole `rl` run on
-the tiny model (three or four processes, real HTTP, ZeroMQ, verifiers environments) that must train its
-steps with the ledger balanced and every staleness in [0, K], a kill survived where the cell has one,
-and nothing left running; every refused pair must be refused by the `rl` command itself before anything
-starts: exit 2, one line that names both keys.
+the tiny model (three or four processes, real HTTP, ZeroMQ, verifiers environments) that must pass
+`cells.check_trained` (its ledger against the trainer's own count and the episode log, staleness per
+token, no waste outside kill cells, distillation and route replay where on, a kill survived as the only
+restart, nothing left running); every refused pair must be refused by the `rl` command itself before
+anything starts: exit 2, one line that names both keys.
 
 Cells run MATRIX_WORKERS (default 2) at a time: a cell's cost is mostly process start-up, which leaves the
 cores idle part of the time. With MATRIX_RESULTS set (scripts/feature_matrix.py), each cell's outcome is

@@ -190,3 +190,27 @@ def test_shared_prefix_is_per_seat_and_groups_split_at_seq_len():
     assert sorted(block_heads) == [1, 1, 9]
     assert batch.metrics["batch/packed_tokens"] < batch.metrics["batch/sample_tokens"]
     assert all(mb.num_tokens <= 14 for mb in batch.micro_batches[0])
+
+
+def test_trainer_counts_every_trajectory_it_receives_shared_or_not():
+    """`loss/num_samples` (the trainer's own count, summed over ranks) is the number of trajectories the
+    batch holds, whether episodes are packed whole or as branches, with padding rows on a short rank."""
+    from prime_async.trainer.packed_rows import samples_with_loss
+    from prime_async.trainer.train import trained_samples
+    from prime_async.transport.types import MicroBatch
+    from prime_async.transport.zmq_batches import RankBatch
+
+    rng = random.Random(4)
+    groups = []
+    for g in range(5):
+        prompt = [rng.randint(1, 999) for _ in range(rng.randint(3, 20))]
+        eps = [_shared_episode(rng, prompt, seat) for seat in ("a", "b") for _ in range(rng.randint(1, 4))]
+        groups.append(Group(group_id=g, example_id=g, dispatch_version=0, episodes=eps))
+    trajectories = sum(len(g.episodes) for g in groups)
+    for share_prefix in (False, True):
+        batch = build_train_batch(groups, step=0, seq_len=40, num_ranks=3, temperature=1.0,
+                                  advantage_cfg=AdvantageConfig(), share_prefix=share_prefix)  # fmt: skip
+        assert share_prefix == (batch.metrics["batch/packed_tokens"] < batch.metrics["batch/sample_tokens"])
+        counts = [trained_samples(RankBatch.of(batch, rank)) for rank in range(3)]
+        assert sum(counts) == trajectories, (share_prefix, counts)
+    assert samples_with_loss(MicroBatch.padding()) == 0

@@ -137,6 +137,15 @@ def sample_ids(position_ids: np.ndarray) -> np.ndarray:
     return np.cumsum(sample_starts(np.asarray(position_ids)), dtype=np.int64) - 1
 
 
+def samples_with_loss(mb: MicroBatch) -> int:
+    """Packed samples (branches included) of row `mb` holding at least one loss token: the trajectories
+    the row trains, counted from its own position ids and loss mask (0 for a padding row)."""
+    mask = np.asarray(mb.loss_mask, dtype=np.bool_)
+    if not mask.any():
+        return 0
+    return int(np.unique(sample_ids(mb.position_ids)[mask]).size)
+
+
 def check_micro_batch(mb: MicroBatch, seq_len: int, step: int) -> None:
     """Refuse a row longer than `seq_len`, with a loss token at a sample's first token, or with a branch
     that shares more tokens than the first sample of its block has (or has no such sample)."""
