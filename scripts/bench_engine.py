@@ -20,6 +20,8 @@ are measured here, then one decode step of each engine is timed alone at `prompt
 matmul FLOPs per step / step time / peak (the limit at large batches), `matmul` = share of the step
 spent in matmul kernels (torch profiler; the rest is what fusing or compiling could still remove).
 On a machine shared with other jobs, `--clock cpu` times CPU seconds of this process instead of wall time.
+With `--device cuda` every tensor fed to the model is built on the model's device (`model_device`), the
+machine's limits are measured on that GPU, and each timed region ends with a CUDA synchronize.
 """
 
 from __future__ import annotations
@@ -35,22 +37,33 @@ import torch
 
 from prime_async.inference.engine import Engine, RequestOutput
 from prime_async.inference.sampler import SamplingParams
+from prime_async.utils.devices import model_device, on_model
 
 KERNELS = ("dense", "packed")
 # --clock cpu: CPU seconds of this process, for a machine shared with other jobs (waiting for a core is not
 # counted; sharing caches and memory bandwidth still is)
 _CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 _clock = _CLOCKS["wall"]
+CPU = torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA runs asynchronously: a timer must not stop before)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def bench_generate(model, batch: int, prompt_len: int, new_tokens: int, vocab: int) -> float:
-    ids = torch.randint(3, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
+    gen = torch.Generator().manual_seed(batch)
+    ids = on_model(model, torch.randint(3, vocab, (batch, prompt_len), generator=gen))
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, temperature=1.0,
                   top_k=0, top_p=1.0, pad_token_id=0)  # fmt: skip
     with torch.inference_mode():
         model.generate(ids[:, :4], **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+        _sync(ids.device)
         start = _clock()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        _sync(ids.device)
         elapsed = _clock() - start
     assert out.shape[1] == prompt_len + new_tokens
     return batch * new_tokens / elapsed
@@ -74,32 +87,36 @@ async def _engine_round(
 
 
 def max_logprob_error(model, round_: Round) -> float:
-    """Largest |engine logprob - HF fp32 log_softmax| over the round's generated tokens (temperature 1)."""
+    """Largest |engine logprob - log_softmax of an HF forward of `model`| over the round's generated tokens
+    (temperature 1). The sequences are built on the model's device (a CUDA model gets CUDA ids)."""
     prompts, outs = round_
-    seqs = torch.tensor([p + o.output_ids for p, o in zip(prompts, outs, strict=True)])
+    seqs = on_model(model, [p + o.output_ids for p, o in zip(prompts, outs, strict=True)], dtype=torch.long)
     reported = torch.tensor([o.logprobs for o in outs], dtype=torch.float64)
     start = len(prompts[0])
     with torch.inference_mode():
         logp = model(seqs).logits.float().log_softmax(-1)[:, start - 1 : -1]
-        ref = logp.gather(-1, seqs[:, start:, None])[..., 0].double()
+        ref = logp.gather(-1, seqs[:, start:, None])[..., 0].double().cpu()
     return float((reported - ref).abs().max())
 
 
-def _median_time(fn, repeats: int = 5) -> float:
+def _median_time(fn, repeats: int = 5, device: torch.device = CPU) -> float:
     times = []
     for _ in range(repeats):
+        _sync(device)
         start = _clock()
         fn()
+        _sync(device)
         times.append(_clock() - start)
     return statistics.median(times)
 
 
-def machine_limits() -> tuple[float, float]:
-    """(read bandwidth in bytes/s, fp32 matmul FLOP/s) on this thread count."""
-    big = torch.ones(64 * 2**20)  # 256 MiB, far beyond the per-core caches
-    bandwidth = big.numel() * big.element_size() / _median_time(big.sum)
-    a = torch.randn(1024, 1024)
-    peak = 2 * 1024**3 / _median_time(lambda: a @ a)
+def machine_limits(device: torch.device = CPU) -> tuple[float, float]:
+    """(read bandwidth in bytes/s, fp32 matmul FLOP/s) of `device` (on CPU: this thread count)."""
+    big = torch.ones(64 * 2**20, device=device)  # 256 MiB, far beyond the per-core caches
+    bandwidth = big.numel() * big.element_size() / _median_time(big.sum, device=device)
+    n = 1024 if device.type == "cpu" else 8192  # a GPU needs a large matmul to reach its peak
+    a = torch.randn(n, n, device=device)
+    peak = 2 * n**3 / _median_time(lambda: a @ a, device=device)
     return bandwidth, peak
 
 
@@ -115,7 +132,8 @@ def step_costs(engine: Engine) -> tuple[int, int]:
 def _fill_slots(engine: Engine, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     prompts = [[3 + (slot + i) % 97 for i in range(length)] for slot in range(batch)]
     engine.runner.prefill(prompts, list(range(batch)))
-    return torch.full((batch,), 5), torch.full((batch,), length)
+    device = model_device(engine.runner.model)
+    return torch.full((batch,), 5, device=device), torch.full((batch,), length, device=device)
 
 
 def decode_step_time(engine: Engine, batch: int, length: int) -> tuple[float, float]:
@@ -123,7 +141,7 @@ def decode_step_time(engine: Engine, batch: int, length: int) -> tuple[float, fl
     ids, pos = _fill_slots(engine, batch, length)
     step = lambda: engine.runner.decode(ids, pos, length + 1)  # noqa: E731
     step()
-    seconds = _median_time(step)
+    seconds = _median_time(step, device=ids.device)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step()
     events = prof.key_averages()
@@ -199,7 +217,10 @@ def main() -> None:
 
         tmp = tempfile.TemporaryDirectory()  # removed at exit
         model_dir = build_tiny_model(Path(tmp.name) / "tiny")
-    limits = machine_limits()  # before the engine threads exist (measured ~2x lower after, here)
+    name = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    limits = machine_limits(
+        torch.device(name)
+    )  # before the engine threads exist (measured ~2x lower after, here)
     engines = build_engines(model_dir, args)
     model = next(iter(engines.values())).runner.model
     print(f"model {model_dir} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params), "

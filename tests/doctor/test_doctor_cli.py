@@ -27,6 +27,7 @@ def _doctor(
     cmd = [
         sys.executable, "-m", "prime_async.entrypoints.doctor", "@", str(ROOT / "configs/tiny/rl.toml"),
         "--output-dir", str(out), "--model.path", str(tiny_model_dir), *extra,
+        "--model.dtype", "float32",  # the logprob check's threshold is float32's ("auto": bf16 on CUDA)
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -25,7 +25,7 @@ def write_config(
     path: Path, *, model_dir: Path, output_dir: Path, transport: TransportConfig, **extra
 ) -> Path:
     cfg = {
-        "model": {"path": str(model_dir)},
+        "model": {"path": str(model_dir), "dtype": "float32"},  # runs compared at fp32 tolerances
         "output_dir": str(output_dir),
         "wandb": {"enabled": False},
         "seq_len": 256,
