@@ -47,8 +47,8 @@ out=${out:-$REPO/outputs/gpu_check}
 WORK=${TMPDIR:-/tmp}/gpu_check_work
 SITE=$WORK/site
 M036=$WORK/qwen3_036b  # the 0.36B Qwen3 shape of the first H200 run (hidden 1024, 28 layers, vocab 4096)
-DEV=cuda
-[ "$mode" = cpu ] && DEV=cpu
+DEV=cuda BENCH_MODEL=$M036
+[ "$mode" = cpu ] && DEV=cpu BENCH_MODEL=models/tiny  # the 0.36B shape is minutes per step on a CPU
 RL="$PY -m prime_async.entrypoints.rl"
 RL_PORTS="--inference.server.port 0 --transport.port 0"
 PYTEST="$PY -m pytest -p no:cacheprovider -p no:randomly -o addopts= -q -rfEs -n 0"
@@ -68,9 +68,10 @@ rl_run() {  # rl_run NAME STEPS ARGS...: a tiny rl, then one line of its metrics
     "$PY scripts/gpu/run_summary.py $WORK/$name --steps $steps"
 }
 add rl_filesystem a 90 always "$(rl_run rl_filesystem 8 --weights.transport filesystem)"
-# LEAD: the shared-device weight path's value is "shared" (src/prime_async/weights/shared_memory.py);
-# confirm it against config/shared.py's WeightsConfig.transport once that lands.
-add rl_shared a 90 always "$(rl_run rl_shared 8 --weights.transport shared)"
+# the shared-device weight path (weights/shared_memory.py: CUDA IPC on a GPU, POSIX shared memory on --cpu);
+# stated explicitly, with the device shares it requires, so that it also runs on the CPU
+add rl_shared a 90 always "$(rl_run rl_shared 8 --weights.transport shared --trainer.mem-fraction 0.5 \
+  --inference.engine.mem-fraction 0.4)"
 add rl_distributed a 90 gpus2 "$(rl_run rl_distributed 8 --weights.transport distributed --weights.master-port 0)"
 add conformance b 150 always "$PYTEST --timeout 140 tests/inference/test_conformance.py -m 'gpu or not gpu' -k embedded"
 add conformance_sglang b 150 sglang "$PYTEST --timeout 140 tests/inference/test_conformance.py -m 'gpu or not gpu' -k sglang"
@@ -79,13 +80,14 @@ add moe_replay b 90 always "$RL @ configs/tiny/rl_moe.toml --max-steps 6 --outpu
 --require moe/routing_agreement"
 add router_replay_tests b 60 always "$PYTEST --timeout 50 tests/trainer/test_router_replay.py"
 add megatron_gpu c 120 gpu "$PYTEST --timeout 110 tests/megatron/test_megatron_gpu.py -m 'gpu or not gpu'"
-add megatron_rl_ckpt c 100 always "$(rl_run megatron_rl_ckpt 4 --trainer.backend megatron --trainer.ckpt.interval 3) \
-&& test -f $WORK/megatron_rl_ckpt/checkpoints/trainer/step_3/COMPLETE && echo 'megatron checkpoint step_3 COMPLETE'"
+add megatron_rl_ckpt c 100 always "$RL @ configs/tiny/rl.toml --max-steps 4 --output-dir $WORK/megatron_rl_ckpt $RL_PORTS \
+--trainer.backend megatron --trainer.ckpt.interval 3 && test -f $WORK/megatron_rl_ckpt/checkpoints/trainer/step_3/COMPLETE \
+&& echo -n 'checkpoint step_3 COMPLETE; ' && $PY scripts/gpu/run_summary.py $WORK/megatron_rl_ckpt --steps 4"
 add megatron_tests c 200 always "$PYTEST --timeout 190 tests/megatron/test_megatron_backend.py tests/megatron/test_megatron_checkpoint.py -m 'gpu or not gpu'"
-add bench_engine z 60 always "$PY scripts/bench_engine.py --model-dir $M036 --device $DEV --batches 1 8 \
+add bench_engine z 60 always "$PY scripts/bench_engine.py --model-dir $BENCH_MODEL --device $DEV --batches 1 8 \
 --new-tokens 32 --repeats 1"
 # LEAD: bench_trainer's CUDA flags (--device, the backend switch) come with the bench_trainer change.
-add bench_trainer z 45 always "$PY scripts/bench_trainer.py --model-dir $M036 --device $DEV --episodes 12 \
+add bench_trainer z 45 always "$PY scripts/bench_trainer.py --model-dir $BENCH_MODEL --device $DEV --episodes 12 \
 --repeats 1"
 for e in "${EXTRA[@]}"; do add "${e%%=*}" z 60 always "${e#*=}"; done
 
@@ -102,21 +104,23 @@ install_wheels() {
   echo "${#files[@]} wheels into $SITE"
 }
 build_models() {  # the configs' tiny models (where rl would build them) and the 0.36B bench shape
-  "$PY" - "$M036" <<'PY'
+  "$PY" - "$BENCH_MODEL" <<'PY'
 import sys
 from pathlib import Path
 from prime_async.models.tiny import build_tiny_model, build_tiny_moe_model
-m036 = Path(sys.argv[1])
+bench = Path(sys.argv[1])
+shape = dict(vocab_size=4096, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8)
 jobs = [(Path("models/tiny"), build_tiny_model, {}), (Path("models/tiny-moe"), build_tiny_moe_model, {}),
-        (m036, build_tiny_model, dict(vocab_size=4096, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8))]
+        (bench, build_tiny_model, shape)]
+jobs = jobs[:2] if bench == Path("models/tiny") else jobs
 for path, build, shape in jobs:
     if not (path / "config.json").is_file():
         build(path, **shape)
-    print(path, "ready")
+print("ready:", ", ".join(str(path) for path, _, _ in jobs))
 PY
 }
 export -f install_wheels build_models
-export PY SITE WORK M036 WHEELS="$wheels"
+export PY SITE WORK BENCH_MODEL WHEELS="$wheels"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled WANDB_SILENT=true PYTHONUNBUFFERED=1
 [ "$mode" = cpu ] && export CUDA_VISIBLE_DEVICES=""
 
@@ -145,8 +149,15 @@ kill_tagged() {  # every process still carrying GPU_CHECK_TAG=$1 or $1.* (a chec
   echo "killed ${#pids[@]} leftover process(es) of the check: ${pids[*]}"
 }
 
-detail_of() {  # DETAIL from a log: pytest's summary, else the last non-empty line; 110 characters
-  local log=$1 line
+detail_of() {  # DETAIL of check $2 from its log $1: bench_engine's tokens/s by batch, pytest's summary,
+  local log=$1 line  # else the last non-empty line; at most 110 characters
+  if [ "${2:-}" = bench_engine ]; then  # "batch  generate  dense  packed  dense/gen ..." rows: the tok/s
+    line=$(awk '/^batch / { h = $2; for (i = 3; i <= NF && $i !~ /\//; i++) h = h "/" $i }
+                /^ +[0-9]+ +[0-9.]+ / { v = $2; for (i = 3; i <= NF && $i !~ /x$/; i++) v = v "/" $i
+                                        s = s sep "b" $1 " " v; sep = ", " }
+                END { if (s != "") print "tok/s " h ": " s }' "$log")
+    [ -n "$line" ] && { echo "${line:0:110}"; return; }
+  fi
   line=$(grep -E '(passed|failed|error|skipped|deselected|no tests ran)( |,|$)' "$log" | grep -E '[0-9]+ |no tests' | tail -1)
   [ -n "$line" ] || line=$(grep -v '^\s*$' "$log" | tail -1)
   line=${line//|//}
@@ -171,7 +182,7 @@ run_check() {  # NAME INDEX PHASE_END: run one check under min(its limit, time l
   GPU_CHECK_TAG="$RUN_TAG.$name" timeout -k 10 -s INT "$lim" bash -c "$cmd" >> "$log" 2>&1
   rc=$?
   local detail leftover secs=$((SECONDS - start))
-  detail=$(detail_of "$log")
+  detail=$(detail_of "$log" "$name")
   leftover=$(kill_tagged "$RUN_TAG.$name")
   [ -n "$leftover" ] && echo "$leftover" >> "$log" && detail="$detail (${leftover%%:*})"
   if [ "$rc" -eq 0 ]; then
