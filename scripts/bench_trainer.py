@@ -27,14 +27,30 @@ logprob, entropy), `loss` (loss fn + statistics), `backward`, `optim` (clip + Ad
 `train_step` times one call of the real `fsdp.train_step` per side (no phase timers) as a check.
 The script also prints the largest logprob difference between the two gathers on the loss tokens.
 On a machine shared with other jobs, `--clock cpu` times CPU seconds of this process instead of wall time.
+
+Throughput and MFU (`--device cuda` or `--device cpu`): a random Qwen3-shaped model is built offline
+(`--shape qwen3-0.6b`: Qwen3-0.6B's shape, 28 layers, hidden 1024, 16/8 heads of 128, vocabulary 151936;
+`--shape tiny` for a CPU test), and each backend of `--backends` (fsdp, megatron) is built by the trainer's
+own `build_backend` and trains `--steps` timed steps (after one warm-up step) of one synthetic batch:
+`--rows` packed rows of `--seq-len` tokens, `--samples-per-row` samples each, the first half of every sample
+prompt, the rest loss tokens. Printed per backend: median step seconds, tokens/s (tokens the model ran),
+and MFU = model FLOPs per step / step time / the bf16 matmul peak measured on the device (a square matmul,
+8192 on CUDA, 512 on CPU). Model FLOPs per step (`step_flops`) = 3 x forward (backward = 2 x forward): 2 x
+the decoder's matmul weights per token, 4 x layers x heads x head_dim x the causal context per token
+(attention scores and values), and the LM head only on positions that predict a loss token (what the fsdp
+backend computes; megatron computes it on every position, which this count does not reward). The model
+dtype is `--dtype` (auto: bfloat16 on CUDA, float32 on CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
+import tempfile
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +66,7 @@ from prime_async.trainer.loss import build_loss_fn
 from prime_async.trainer.optim import build_optimizer, build_scheduler
 from prime_async.trainer.packed_rows import logit_rows, packed_logprobs, row_logits, scatter_rows
 from prime_async.trainer.parallelize import parallelize
+from prime_async.transport.types import MicroBatch
 from prime_async.transport.zmq_batches import RankBatch
 
 PHASES = ("pack", "forward", "logprobs", "loss", "backward", "optim")
@@ -243,6 +260,145 @@ def print_table(samples: dict[str, list[dict[str, float]]], tokens: float) -> No
         print(f"{name:>14} {times} {tokens / m['total']:>9.1f} {speedup:>8.2f}x {real}")
 
 
+SHAPES = {
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+}  # fmt: skip
+
+
+def build_random_model(out: Path, shape: str, dtype: torch.dtype) -> Path:
+    """A random Qwen3ForCausalLM of `SHAPES[shape]` saved in `dtype` (no tokenizer: trainers need none)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=40960,
+                         rope_theta=1_000_000.0, rms_norm_eps=1e-6)  # fmt: skip
+    config.architectures = ["Qwen3ForCausalLM"]
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).to(dtype).save_pretrained(out)
+    return out
+
+
+def synthetic_batch(vocab: int, *, rows: int, seq_len: int, samples_per_row: int) -> RankBatch:
+    """`rows` packed rows of `seq_len` tokens, `samples_per_row` samples each (the last one takes the rest);
+    the first half of every sample is prompt, the rest loss tokens sampled at version 0."""
+    rng = np.random.default_rng(0)
+    mbs = []
+    for _ in range(rows):
+        lens = [seq_len // samples_per_row] * (samples_per_row - 1)
+        lens.append(seq_len - sum(lens))
+        pos = np.concatenate([np.arange(n) for n in lens]).astype(np.int32)
+        mask = np.concatenate([np.arange(n) >= n // 2 for n in lens])
+        mbs.append(MicroBatch(
+            input_ids=rng.integers(0, vocab, seq_len).astype(np.int32), position_ids=pos, loss_mask=mask,
+            advantages=np.where(mask, rng.normal(size=seq_len), 0.0).astype(np.float32),
+            sampler_logprobs=np.where(mask, -np.log(vocab) + 0.05 * rng.normal(size=seq_len), 0.0).astype(
+                np.float32),
+            token_versions=np.where(mask, 0, -1).astype(np.int32),
+        ))  # fmt: skip
+    return RankBatch(
+        step=0, rank=0, micro_batches=mbs, layout=[[mb.num_tokens for mb in mbs]],
+        num_loss_tokens=int(sum(mb.num_loss_tokens for mb in mbs)), temperature=1.0, min_dispatch_version=0,
+    )  # fmt: skip
+
+
+def matmul_flops(shape: dict, batch: RankBatch) -> float:
+    """FLOPs of the weight matmuls of one training step (3 x forward): every decoder projection on every
+    token, the LM head on the positions that predict a loss token."""
+    h, layers, heads, kv, hd = (shape[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                   "num_key_value_heads", "head_dim"))  # fmt: skip
+    per_layer = h * (heads + 2 * kv) * hd + heads * hd * h + 3 * h * shape["intermediate_size"]
+    forward = 0.0
+    for mb in batch.micro_batches:
+        forward += 2 * layers * per_layer * mb.num_tokens
+        forward += 2 * shape["vocab_size"] * h * int(mb.loss_mask[1:].sum())
+    return 3 * forward
+
+
+def attention_flops(shape: dict, batch: RankBatch) -> float:
+    """FLOPs of attention scores and values in one training step (3 x forward): each token attends to the
+    earlier tokens of its own sample and itself (causal, `position + 1` keys)."""
+    heads, hd, layers = shape["num_attention_heads"], shape["head_dim"], shape["num_hidden_layers"]
+    keys = sum(float((mb.position_ids.astype(np.float64) + 1).sum()) for mb in batch.micro_batches)
+    return 3 * 4 * layers * heads * hd * keys
+
+
+def step_flops(shape: dict, batch: RankBatch) -> float:
+    """Model FLOPs of one training step on `batch` (see the module docstring)."""
+    return matmul_flops(shape, batch) + attention_flops(shape, batch)
+
+
+def bf16_matmul_peak(device: torch.device) -> float:
+    """FLOP/s of a square bfloat16 matmul on `device` (median of 5 after a warm-up)."""
+    n = 8192 if device.type == "cuda" else 512
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    return 2 * n**3 / _timed(lambda: a @ a, device, repeats=5)
+
+
+def _timed(fn, device: torch.device, repeats: int) -> float:
+    """Median seconds of `fn` (one warm-up call; the device synchronized around each call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        tick = _clock()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(_clock() - tick)
+    return statistics.median(times)
+
+
+def backend_throughput(name: str, model_dir: Path, device: torch.device, args) -> dict[str, float]:
+    """Median step seconds, tokens/s and model FLOPs of backend `name` on the synthetic batch."""
+    from prime_async.config.shared import ModelConfig
+    from prime_async.trainer.train import build_backend
+
+    cfg = TrainerConfig(backend=name, model=ModelConfig(path=str(model_dir), dtype=args.dtype),
+                        seq_len=args.seq_len)  # fmt: skip
+    backend = build_backend(cfg, device, world_size=1)
+    batch = synthetic_batch(SHAPES[args.shape]["vocab_size"], rows=args.rows, seq_len=args.seq_len,
+                            samples_per_row=args.samples_per_row)  # fmt: skip
+    seconds = _timed(partial(backend.train_rank_batch, batch), device, repeats=args.steps)
+    tokens = sum(mb.num_tokens for mb in batch.micro_batches)
+    del backend  # free its memory before the next backend is built
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "flops": step_flops(SHAPES[args.shape], batch),
+    }
+
+
+def throughput_table(args) -> None:
+    """Build the random model, then tokens/s and MFU of each backend (fsdp first: megatron's CPU ranks
+    install a process-wide mode that must not slow the fsdp backend down)."""
+    from prime_async.utils.dtypes import resolve_dtype
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    dtype = resolve_dtype(args.dtype, device)
+    peak = bf16_matmul_peak(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_random_model(Path(tmp) / args.shape, args.shape, dtype)
+        print(f"{args.shape} random model ({dtype}), {args.rows} rows x {args.seq_len} tokens "
+              f"({args.samples_per_row} samples each), {device}: bf16 matmul peak {peak / 1e12:.2f} TFLOP/s",
+              flush=True)  # fmt: skip
+        head = f"{'backend':>9} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>7}"
+        print(f"{head}   (medians of {args.steps})")
+        for name in sorted(args.backends, key=lambda b: b != "fsdp"):
+            r = backend_throughput(name, model_dir, device, args)
+            achieved = r["flops"] / r["seconds"]
+            print(f"{name:>9} {r['seconds']:>8.3f} {r['tokens_per_s']:>10.1f} {achieved / 1e12:>8.3f} "
+                  f"{achieved / peak:>7.2%}", flush=True)  # fmt: skip
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=Path("models/smollm2-135m-instruct"))
@@ -251,12 +407,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=6, help="episodes sharing one prompt")
     parser.add_argument("--prompt-len", type=int, default=40)
     parser.add_argument("--completion-len", type=int, default=16, help="max; lengths drawn in [max/2, max]")
-    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=None, help="default 256; 4096 with --device cuda")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=sorted(_CLOCKS), default="wall", help="wall or CPU seconds")
     parser.add_argument("--compile", action="store_true", help="also time compile = true")
-    return parser.parse_args()
+    tp = parser.add_argument_group("throughput and MFU (with --device)")
+    tp.add_argument("--device", choices=["cpu", "cuda"], default=None, help="run the throughput table")
+    tp.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
+    tp.add_argument("--backends", nargs="+", choices=["fsdp", "megatron"], default=["fsdp", "megatron"])
+    tp.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    tp.add_argument("--rows", type=int, default=8, help="packed rows per step")
+    tp.add_argument("--samples-per-row", type=int, default=4)
+    tp.add_argument("--steps", type=int, default=5, help="timed steps per backend (median)")
+    args = parser.parse_args()
+    args.seq_len = args.seq_len or (4096 if args.device == "cuda" else 256)
+    return args
 
 
 def main() -> None:
@@ -265,6 +431,9 @@ def main() -> None:
     _clock = _CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.device is not None:
+        throughput_table(args)
+        return
     if not args.model_dir.is_dir():
         from prime_async.models.smollm2 import ensure_smollm2
 
