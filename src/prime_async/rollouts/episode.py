@@ -20,6 +20,11 @@ Invariants of the returned `Episode`:
   the loss tokens of the trained branch, before any `seq_len` cut);
 - `truncated` is True when the episode was cut: by `seq_len` (the gateway clamps every turn to it), by a
   turn's `max_tokens` (finish reason "length"), or by a verifiers rollout limit (`Trace.is_truncated`);
+- `overlong` is True when a turn did not fit `seq_len` (`overflow_turn`: its prompt was refused as too
+  long, and the env's harness ended the episode there, or its reply was clamped at `seq_len`), or the
+  trained branch is longer than `seq_len`; then `metrics["overflow_turn"]` and
+  `metrics["overflow_prompt_tokens"]` name the first such turn (from 1) and its prompt length when a
+  model call shows it. The sink's `overlong` policy decides: trained up to there, or dropped;
 - environment faults never raise: a failed rollout, a reward that raised or is None/NaN, or an episode
   in which the policy sampled no token give `status="error"` with `error` set and `metrics["env_error"]`
   naming the kind, first cause first (`prompt_too_long` when the first model call was refused because
@@ -188,8 +193,20 @@ def _trace_episode(
         episode.metrics["unmatched_version_nodes"] = unmatched
         episode.routed_experts = branch_routes(episode.token_ids, session.calls)
     episode.metrics["sampled_tokens"] = _sampled_tokens(trace, episode)
-    # session.truncated: the gateway clamped a turn at seq_len; the sink's `overlong` policy acts on it
-    episode.overlong = bool(session.truncated or len(episode.token_ids) > seq_len)
+    episode.metrics["sampled_turns"] = sum(
+        1 for node in getattr(trace, "nodes", None) or [] if any(node.mask)
+    )
+    episode.metrics["trained_turns"] = (
+        sum(1 for node in branches[-1].nodes if any(node.mask)) if branches else 0
+    )
+    for cause in branch_split_causes(branches):
+        key = f"branch_splits/{cause}"
+        episode.metrics[key] = episode.metrics.get(key, 0) + 1
+    # a turn that did not fit seq_len (refused, or clamped by the gateway: session.truncated) makes the
+    # episode overlong; the sink's `overlong` policy acts on it (truncate: trained up to there, or drop)
+    if overflow := overflow_turn(trace, seq_len):
+        episode.metrics["overflow_turn"], episode.metrics["overflow_prompt_tokens"] = overflow
+    episode.overlong = bool(overflow or session.truncated or len(episode.token_ids) > seq_len)
     episode.truncated = bool(episode.overlong or trace.is_truncated)
     if len(episode.token_ids) > seq_len:
         for name in ("token_ids", "loss_mask", "sampler_logprobs", "token_versions"):
@@ -209,6 +226,53 @@ def _trace_episode(
     if not all(math.isfinite(x) for x in episode.sampler_logprobs):
         return _error(episode, "rollout", "non-finite sampler logprob")
     return episode
+
+
+SPLIT_CAUSES = ("template_rerender", "history_rewritten")
+
+
+def branch_split_causes(branches: list[Any]) -> list[str]:
+    """Why each branch after the first split off (one cause per extra branch), from where it departs
+    from the earlier branch it shares the longest prefix with: `template_rerender` when the first
+    differing node holds the same message (the chat extended the earlier one, but its tokens were
+    rendered again: a bridge was declined), else `history_rewritten` (the env changed the messages)."""
+    from verifiers.v1.graph import message_hash
+
+    causes = []
+    for i, branch in enumerate(branches[1:], start=1):
+        best, at = None, -1
+        for earlier in branches[:i]:
+            n = next(
+                (j for j, (a, b) in enumerate(zip(earlier.nodes, branch.nodes, strict=False)) if a is not b),
+                min(len(earlier.nodes), len(branch.nodes)),
+            )
+            if n > at:
+                best, at = earlier, n
+        ours = branch.nodes[at] if at < len(branch.nodes) else None
+        theirs = best.nodes[at] if best is not None and at < len(best.nodes) else None
+        same = (
+            ours is not None
+            and theirs is not None
+            and message_hash(ours.message) == message_hash(theirs.message)
+        )
+        causes.append("template_rerender" if same else "history_rewritten")
+    return causes
+
+
+def overflow_turn(trace: Any, seq_len: int) -> tuple[int, int] | None:
+    """(turn, prompt tokens) of the trace's first model call that did not fit `seq_len`, turns counted
+    from 1 over the trace's calls (failed ones included): a prompt the renderers client refused as longer
+    than `seq_len` (its `OverlongPromptError`, on the call as a ProviderError), or a call whose prompt +
+    reply reached `seq_len` with finish "length" (the gateway clamped its `max_tokens`). None: all fit."""
+    for turn, call in enumerate(getattr(trace, "calls", None) or [], start=1):
+        if call.error is not None:
+            if match := _OVERLONG.search(call.error.message or ""):
+                return turn, int(match[1])
+            continue
+        used = call.usage.prompt_tokens + call.usage.completion_tokens if call.usage else 0
+        if call.finish_reason == "length" and used >= seq_len:
+            return turn, int(call.usage.prompt_tokens)
+    return None
 
 
 def _sampled_tokens(trace: Any, episode: Episode) -> int:

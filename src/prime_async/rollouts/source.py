@@ -40,7 +40,7 @@ from typing import Any
 from prime_async.config.dicts import deep_merge
 from prime_async.config.env import EnvBaseConfig
 from prime_async.engine_api import EngineClient, SamplingParams
-from prime_async.rollouts import inprocess_harness, inprocess_tools, prompt_limit
+from prime_async.rollouts import inprocess_harness, inprocess_tools, prompt_limit, token_bridge
 from prime_async.rollouts.gateway import Gateway, GatewayCall
 from prime_async.rollouts.renderer_choice import check_tools_renderer, choose_renderer
 from prime_async.rollouts.tasks import LazyTasks
@@ -182,6 +182,12 @@ class VerifiersRolloutSource:
         self._stop = asyncio.Event()
         self.counts: dict[str, int] = {"ok": 0, "error": 0, "aborted": 0, "cancelled": 0}
         self.error_kinds: dict[str, int] = {}
+        self.branch_splits: dict[str, int] = {}
+        """Branches split off by cause (`episode.branch_split_causes`); a token-exact episode has none."""
+        self.untrained_sampled_tokens = 0
+        """Sampled tokens of ok trajectories outside their trained branch (seq_len cuts included)."""
+        self.overflow_episodes = 0
+        """Episodes with a turn that did not fit seq_len (`Episode.overlong`, status ok)."""
         self.episode_seconds = 0.0
         self._tools_in_process = env_cfg.runner == "inprocess" and env_cfg.toolsets == "inprocess"
         self._retains_http_clients = False
@@ -221,7 +227,8 @@ class VerifiersRolloutSource:
         self._client_cfg = vf.TrainClientConfig(
             base_url=f"{self.gateway.base_url}/v1",
             api_key_var="PRIME_ASYNC_GATEWAY_KEY",
-            renderer=renderer,
+            # token in, token out: every turn extends the previous turn's tokens (token_bridge.py)
+            renderer=token_bridge.custom_config(renderer),
             renderer_model_name=self.model_path,
         )
         if self.env_cfg.runner == "env_server":
@@ -368,12 +375,48 @@ class VerifiersRolloutSource:
             self.counts[episode.status] = self.counts.get(episode.status, 0) + 1
             if kind := episode.metrics.get("env_error"):
                 self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+            self._count_splits(episode)
+            self._count_overflow(episode)
         return episodes[0] if len(episodes) == 1 else episodes
 
+    def _count_overflow(self, episode: Episode) -> None:
+        """Count an episode with a turn that did not fit `seq_len` (`episode.overflow_turn`; a first
+        prompt refused is the error `prompt_too_long` instead); warn once per source, naming the env, the
+        turn and the lengths."""
+        if not episode.overlong or episode.status != "ok":
+            return
+        self.overflow_episodes += 1
+        if self.overflow_episodes > 1:
+            return
+        turn, prompt = episode.metrics.get("overflow_turn"), episode.metrics.get("overflow_prompt_tokens")
+        where = (
+            f"turn {turn}'s prompt is {prompt} tokens" if turn else f"it is {len(episode.token_ids)} tokens"
+        )
+        logger.warning(
+            "env %s: an episode outgrew seq_len = %d (example %d: %s); it ends there and the sink's "
+            "`overlong` policy trains it up to there or drops it. Raise seq_len, lower max_tokens or end "
+            "episodes sooner (counted in env/%s/overflow_episodes; warned once)",
+            self.env_cfg.label, self.seq_len, episode.example_id, where, self.env_cfg.label,
+        )  # fmt: skip
+
+    def _count_splits(self, episode: Episode) -> None:
+        """Branch splits by cause and the sampled tokens left untrained by them (`episode.py`)."""
+        for key, value in episode.metrics.items():
+            if key.startswith("branch_splits/"):
+                cause = key.removeprefix("branch_splits/")
+                self.branch_splits[cause] = self.branch_splits.get(cause, 0) + int(value)
+        if episode.status == "ok":
+            untrained = int(episode.metrics.get("sampled_tokens", 0)) - sum(episode.loss_mask)
+            self.untrained_sampled_tokens += max(untrained, 0)
+
     def metrics(self) -> dict[str, float]:
-        """Episode outcome counts since start (`env/episodes/<status>`, `env/errors/<kind>`)."""
+        """Episode outcome counts since start (`env/episodes/<status>`, `env/errors/<kind>`,
+        `env/branch_splits/<cause>`, `env/untrained_sampled_tokens`, `env/overflow_episodes`)."""
         out: dict[str, float] = {f"env/episodes/{k}": float(v) for k, v in self.counts.items()}
         out.update({f"env/errors/{k}": float(v) for k, v in self.error_kinds.items()})
+        out.update({f"env/branch_splits/{k}": float(v) for k, v in self.branch_splits.items()})
+        out["env/untrained_sampled_tokens"] = float(self.untrained_sampled_tokens)
+        out["env/overflow_episodes"] = float(self.overflow_episodes)
         out["env/gateway_requests"] = float(self.gateway.num_requests)
         out.update(self.gateway.replay_stats.metrics())
         return out

@@ -2,7 +2,7 @@
 
 Invariant: the env metrics of all sources are summed under `env/episodes/<status>`, `env/errors/<kind>`,
 `env/gateway_requests`, and also reported per env as `env/<name>/episodes/<status>` and
-`env/<name>/errors/<kind>`.
+`env/<name>/errors/<kind>` (and `env/<name>/branch_splits/<cause>`, `env/<name>/overflow_episodes`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,6 @@ def source_metrics(sources: dict[str, Any]) -> dict[str, float]:
     for name, source in sources.items():
         for key, value in source.metrics().items():
             out[key] = out.get(key, 0.0) + value
-            if key.startswith(("env/episodes/", "env/errors/")):
+            if key.startswith(("env/episodes/", "env/errors/", "env/branch_splits/", "env/overflow_")):
                 out[f"env/{name}/{key.removeprefix('env/')}"] = value
     return out
