@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prime_async.doctor.checks import (
     Probe,
+    episode_fits,
     mismatch_kl,
     prompt_fits,
     same_seed_same_reward,
@@ -65,6 +66,30 @@ def test_prompt_fits_names_the_seq_len_that_would_fit() -> None:
     refused = Probe(6, [_episode([], set())])
     refused.episodes[0].metrics["env_error"] = "prompt_too_long"
     assert prompt_fits([refused], seq_len=60, max_tokens=16).passed is False
+
+
+def test_episode_fits_measures_whole_episodes_not_first_prompts() -> None:
+    """The tiny config's multi-turn case: the first prompt fits, turn 3's prompt (308 tokens) does not."""
+    fits = two_turns([1, 2, 3, 4, 5, 6])
+    result = episode_fits([fits], seq_len=256, max_tokens=16)
+    assert result.passed is True and "longest episode 7 tokens (example 0" in result.detail
+    over = Probe(4, [_episode([1] * 200, {150})], [_call([1] * 20, [2] * 30), _call([1] * 150, [2] * 50)])
+    over.episodes[0].overlong = True
+    over.episodes[0].metrics.update(overflow_turn=3, overflow_prompt_tokens=308, num_turns=2)
+    assert prompt_fits([fits, over], seq_len=256, max_tokens=16).passed is True  # what it used to say
+    result = episode_fits([fits, over], seq_len=256, max_tokens=16)
+    assert result.passed is False
+    assert (
+        "1 of 2 episodes outgrew seq_len 256" in result.detail and "turn 3's prompt is 308" in result.detail
+    )
+    assert "longest episode 308 tokens (example 4, 2 turns)" in result.detail
+    assert "raise seq_len to >= 324" in result.fix and "orchestrator.sink.overlong" in result.fix
+    refused = Probe(6, [_episode([], set())])
+    refused.episodes[0].overlong = True
+    refused.episodes[0].metrics.update(
+        env_error="prompt_too_long", overflow_turn=1, overflow_prompt_tokens=90
+    )
+    assert episode_fits([refused], seq_len=60, max_tokens=16).passed is None  # prompt_fits' failure
 
 
 def test_mismatch_limit_and_k0_metrics() -> None:

@@ -50,7 +50,8 @@ def test_doctor_passes_the_tiny_config(tiny_model_dir: Path, tmp_path: Path) -> 
     rows = _rows(proc.stdout)
     assert rows == {
         "tokens round-trip": "pass", "same seed, same reward": "pass", "longest prompt fits seq_len": "pass",
-        "engine vs trainer logprobs (v0)": "pass", "K = 0 equals sync": "pass",
+        "longest episode fits seq_len": "pass", "engine vs trainer logprobs (v0)": "pass",
+        "K = 0 equals sync": "pass",
     }, proc.stdout  # fmt: skip
     assert (tmp_path / "run-doctor" / "k0-run" / "metrics" / "trainer.jsonl").exists()
 

@@ -96,6 +96,28 @@ def test_progress_line_waits_for_the_trainer_record(tmp_path: Path, caplog) -> N
     assert "rollout 61 tok/s" in caplog.text and "train 900 tok/s" in caplog.text
 
 
+def test_progress_line_shows_overflow_when_it_happens(tmp_path: Path, caplog) -> None:
+    import logging
+
+    from prime_async.launcher.progress import ProgressView
+
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    view = ProgressView(metrics_dir=metrics, max_steps=3)
+    counts = [{}, {"env/guess/overflow_episodes": 3.0}, {"env/guess/overflow_episodes": 3.0}]
+    orch = [
+        {"step": s, "env/overflow_episodes": 0.0, "env/echo/overflow_episodes": 0.0, **c}
+        for s, c in enumerate(counts)
+    ]
+    (metrics / "orchestrator.jsonl").write_text("".join(json.dumps(r) + "\n" for r in orch))
+    (metrics / "trainer.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(3)))
+    with caplog.at_level(logging.INFO):
+        view.poll()
+    lines = [r.message for r in caplog.records if r.message.startswith("step")]
+    assert "overflow" not in lines[0]  # nothing while there is none
+    assert lines[1].endswith("| overflow guess +3 (3 in all)") and lines[2].endswith("| overflow guess 3")
+
+
 def test_ensure_model_builds_what_the_config_names_not_what_the_directory_is_called(tmp_path: Path) -> None:
     import pytest
 

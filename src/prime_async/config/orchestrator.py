@@ -108,8 +108,10 @@ class SinkConfig(BaseConfig):
     )
     overlong: Literal["truncate", "drop"] = Field(
         "truncate",
-        description="Episodes longer than `seq_len`: truncate to seq_len (flagged `truncated`), or drop "
-        "the episode (counted as filtered).",
+        description="Episodes that outgrow `seq_len` (a turn whose prompt does not fit, which ends the "
+        "episode there, or a reply clamped at seq_len): `truncate` = train the episode up to there (flagged "
+        "`truncated`), `drop` = drop the episode (counted as filtered). Either way it is counted in "
+        "`env/<name>/overflow_episodes` and shown on the progress line.",
     )
 
 

@@ -120,8 +120,8 @@ def same_seed_same_reward(pairs: list[tuple[Probe, Probe]]) -> CheckResult:
 
 
 def prompt_fits(probes: list[Probe], *, seq_len: int, max_tokens: int | None) -> CheckResult:
-    """The longest first prompt (as rendered, tool schemas and system prompt included) leaves room for
-    `max_tokens` within `seq_len`; no episode was refused as too long."""
+    """The first turn: the longest first prompt (as rendered, tool schemas and system prompt included)
+    leaves room for `max_tokens` within `seq_len`; no episode was refused as too long."""
     refused = [
         p.example_id for p in probes for e in p.episodes if e.metrics.get("env_error") == "prompt_too_long"
     ]
@@ -144,6 +144,45 @@ def prompt_fits(probes: list[Probe], *, seq_len: int, max_tokens: int | None) ->
             f"raise seq_len to >= {longest + max_tokens} or lower sampling.max_tokens to {max(room, 0)}",
         )  # fmt: skip
     return CheckResult("longest prompt fits seq_len", True, detail)
+
+
+def _episode_length(probe: Probe) -> int:
+    """The longest sequence one turn of the probe's episode needed: a call's prompt + reply as the engine
+    saw it, or a prompt refused as too long (that call never reached the engine)."""
+    sent = [len(c.prompt_ids) + len(c.output_ids) for c in probe.calls]
+    refused = [int(e.metrics.get("overflow_prompt_tokens", 0)) for e in probe.episodes]
+    return max([*sent, *refused], default=0)
+
+
+def episode_fits(probes: list[Probe], *, seq_len: int, max_tokens: int | None) -> CheckResult:
+    """Whole episodes, every turn: no probe episode outgrew `seq_len` (`Episode.overlong`: a later turn's
+    prompt refused, or a reply clamped at seq_len); the longest episode against seq_len."""
+    name = "longest episode fits seq_len"
+    if not probes:
+        return CheckResult(name, None, "no episode was run")
+    longest = max(probes, key=_episode_length)
+    turns = max((int(e.metrics.get("num_turns", 0)) for e in longest.episodes), default=0)
+    detail = (
+        f"longest episode {_episode_length(longest)} tokens (example {longest.example_id}, {turns} turns)"
+    )
+    over = [(p, e) for p in probes for e in p.episodes if e.overlong]
+    later = [(p, e) for p, e in over if e.metrics.get("env_error") != "prompt_too_long"]
+    if over and not later:  # only first prompts refused: `prompt_fits` names the fix
+        return CheckResult(name, None, f"no episode got past its first prompt ({len(over)} refused)")
+    if not over:
+        return CheckResult(name, True, f"{detail}, seq_len {seq_len}")
+    over = later
+    probe, ep = over[0]
+    turn, prompt = ep.metrics.get("overflow_turn"), ep.metrics.get("overflow_prompt_tokens")
+    where = f"turn {turn}'s prompt is {prompt} tokens" if turn else f"it reached {len(ep.token_ids)} tokens"
+    need = f" to >= {int(prompt) + max_tokens}" if turn and max_tokens is not None else ""
+    return CheckResult(
+        name, False, f"{len(over)} of {sum(len(p.episodes) for p in probes)} episodes outgrew seq_len "
+        f"{seq_len}; first: example {probe.example_id}: {where}; {detail}",
+        f"raise seq_len{need} (every turn's prompt holds the whole conversation so far, plus its reply), "
+        "lower sampling.max_tokens or end episodes sooner; meanwhile orchestrator.sink.overlong decides "
+        "(truncate: trained up to the turn that did not fit; drop)",
+    )  # fmt: skip
 
 
 def mismatch_kl(kl: float | None, tokens: int, *, limit: float = MISMATCH_KL_LIMIT) -> CheckResult:

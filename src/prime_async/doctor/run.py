@@ -45,6 +45,7 @@ def env_rows(cfg: RLConfig, probes: EnvProbes) -> list[tuple[str, CheckResult]]:
         checks.token_round_trip(probes.probes + [p for pair in probes.pairs for p in pair]),
         checks.same_seed_same_reward(probes.pairs),
         checks.prompt_fits(probes.probes, seq_len=cfg.seq_len, max_tokens=max_tokens),
+        checks.episode_fits(probes.probes, seq_len=cfg.seq_len, max_tokens=max_tokens),
         checks.mismatch_kl(kl, tokens),
     ]
     return [(probes.env, r) for r in results]

@@ -1,7 +1,9 @@
 """Console progress of an `rl` run, read from the components' metrics JSONL files.
 
 One line per orchestrator step: step, reward, staleness, trainer loss / mismatch KL, rollout and train
-tokens/s (each says what it counts), ETA.
+tokens/s (each says what it counts), ETA; and once an episode outgrew `seq_len`, the overflow count
+of every env that has one (`env/<name>/overflow_episodes`, cumulative), with what it grew by since the
+previous line (`overflow guess +3 (12 in all)`).
 It reads files the components append to, so it never slows them down.
 """
 
@@ -9,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
+_OVERFLOW = re.compile(r"^env/([^/]+)/overflow_episodes$")  # per env; `env/overflow_episodes` sums them
 
 
 class JsonlFollower:
@@ -47,6 +51,7 @@ class ProgressView:
         self._pending: list[dict[str, Any]] = []
         self._started = time.monotonic()
         self._steps_done = 0
+        self._overflow: dict[str, float] = {}  # env -> overflow episodes at the previous line
 
     def poll(self) -> None:
         for record in self._trainer.new_records():
@@ -77,7 +82,24 @@ class ProgressView:
             f"train {_fmt(train.get('perf/sample_tokens_per_s', train.get('perf/tokens_per_s')), 0)} tok/s",
             f"ETA {eta:5.0f}s",
         ]
+        if overflow := self._overflow_part(orch):
+            parts.append(overflow)
         logger.info(" | ".join(parts))
+
+    def _overflow_part(self, orch: dict[str, Any]) -> str:
+        """`overflow <env> +<new> (<total> in all)` per env with overflow episodes; "" while there is none."""
+        out = []
+        for key, value in sorted(orch.items()):
+            match = _OVERFLOW.match(key)
+            if match is None or not value:
+                continue
+            env = match[1]
+            new = float(value) - self._overflow.get(env, 0.0)
+            self._overflow[env] = float(value)
+            out.append(
+                f"{env} +{new:.0f} ({float(value):.0f} in all)" if new else f"{env} {float(value):.0f}"
+            )
+        return f"overflow {', '.join(out)}" if out else ""
 
     def finish(self) -> None:
         for record in self._pending:

@@ -221,14 +221,16 @@ class VerifiersRolloutSource:
             self._tasks[0]
         except IndexError:
             raise ValueError(f"env.id {self.env_cfg.id!r} loaded no tasks; check env.args") from None
-        renderer = choose_renderer(self.env_cfg.renderer, self.model_path)
+        requested = dict(self.env_cfg.renderer)
+        token_exact = bool(requested.pop("token_exact", True))
+        renderer = choose_renderer(requested, self.model_path)
         check_tools_renderer(self._env, self.env_cfg.id, renderer, self.model_path)
         await self.gateway.start()
         self._client_cfg = vf.TrainClientConfig(
             base_url=f"{self.gateway.base_url}/v1",
             api_key_var="PRIME_ASYNC_GATEWAY_KEY",
             # token in, token out: every turn extends the previous turn's tokens (token_bridge.py)
-            renderer=token_bridge.custom_config(renderer),
+            renderer=token_bridge.custom_config(renderer) if token_exact else renderer,
             renderer_model_name=self.model_path,
         )
         if self.env_cfg.runner == "env_server":
