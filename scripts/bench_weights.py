@@ -1,7 +1,7 @@
-"""Publish + load time of one weights version: filesystem vs distributed vs raw safetensors, side by side.
+"""Publish + load time of one weights version: filesystem vs distributed vs shared vs raw safetensors.
 
 Usage: uv run python scripts/bench_weights.py [--model models/smollm2-135m-instruct] [--bucket-mb 256]
-           [--repeats 3] [--out-dir outputs/bench_weights]
+           [--repeats 3] [--out-dir outputs/bench_weights] [--device cpu|cuda]
 (the demo model is built offline by `uv run python scripts/prepare_smollm2.py`)
 
 One embedded engine process serves the model; this process plays trainer rank 0 with the model's full HF
@@ -14,6 +14,12 @@ repeat and per path, with the same tensors (perturbed per version so every load 
     distributed       publish = the trainer's snapshot (copy to CPU) + bucket plan (WeightSync.publish)
                       load    = every bucket broadcast (gloo) while /update_weights_from_distributed
                                 receives it + a 1-token /generate (derived weights rebuilt on first use)
+    shared            publish = SharedStore.put (copy into one flat buffer: /dev/shm on CPU, the GPU on cuda)
+                      load    = Lend's descriptions + /update_weights_from_tensor (the engine maps the buffer
+                                and copies) + a 1-token /generate
+
+`--device cuda`: engine and "trainer" (this process) on one GPU, as `rl` places them on a one-GPU
+machine; distributed is skipped there (NCCL refuses two ranks on one GPU, the reason for `shared`).
 
 Joining the weight process group happens once per run (printed separately). Targets (issue): distributed
 <= 1x raw safetensors write+read, filesystem <= 2x.
@@ -38,14 +44,16 @@ from safetensors.torch import load_file, save_file
 from prime_async.launcher.identity import free_ports
 from prime_async.weights.process_group import join_weight_group, metas_of, plan_buckets, send_bucket
 from prime_async.weights.publish import WeightPublisher
+from prime_async.weights.shared_memory import SharedStore
+from prime_async.weights.shared_wire import SHARED_LOAD_FORMAT, encode_share
 
 
-def start_engine(model: Path, work: Path) -> tuple[subprocess.Popen, str]:
+def start_engine(model: Path, work: Path, device: str = "cpu") -> tuple[subprocess.Popen, str]:
     port = free_ports("127.0.0.1", 1)
     cfg = work / "inference.toml"
     cfg.write_text(
         f'backend = "torch"\nseq_len = 128\noutput_dir = "{work}"\n[model]\npath = "{model}"\n'
-        f'[server]\nport = {port}\n[engine]\nmax_running_requests = 1\nnum_threads = 1\ndevice = "cpu"\n'
+        f'[server]\nport = {port}\n[engine]\nmax_running_requests = 1\nnum_threads = 1\ndevice = "{device}"\n'
     )
     log = (work / "engine.log").open("w")
     cmd = [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)]
@@ -148,6 +156,20 @@ class Group:
         return t1 - t0, time.perf_counter() - t1
 
 
+def shared_version(url: str, store: SharedStore, state, version: int, tied: bool) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    store.put({k: v for k, v in state.items() if not (tied and k == "lm_head.weight")}, version)
+    t1 = time.perf_counter()
+    [share] = store.lend(version, 1)
+    post(url, "/update_weights_from_tensor", {
+        "serialized_named_tensors": [encode_share(share)], "load_format": SHARED_LOAD_FORMAT,
+        "weight_version": str(version),
+    })  # fmt: skip
+    store.give_back(version)
+    serve_one_token(url, version)
+    return t1 - t0, time.perf_counter() - t1
+
+
 def perturbed(base: dict[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
     return {k: v + 1e-3 * version for k, v in base.items()}
 
@@ -158,6 +180,7 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out-dir", type=Path, default=Path("outputs/bench_weights"))
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"{args.model}: no model (build it: uv run python scripts/prepare_smollm2.py)")
@@ -170,30 +193,33 @@ def main() -> None:
     size_mb = sum(t.numel() * t.element_size() for t in base.values()) / 2**20
     args.out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench_weights_", dir=args.out_dir))
-    proc, url = start_engine(args.model, work)
+    proc, url = start_engine(args.model, work, args.device)
+    store = SharedStore(torch.device(args.device), keep=2)
     try:
         publisher = WeightPublisher(output_dir=work, model_config=config, source_dir=args.model, keep_last=2)
-        group = Group(url)
-        rows: dict[str, list[tuple[float, float]]] = {
-            "raw safetensors": [],
-            "filesystem": [],
-            "distributed": [],
-        }
+        group = Group(url) if args.device == "cpu" else None
+        paths = ["raw safetensors", "filesystem", "shared"] + (["distributed"] if group else [])
+        rows: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
         for r in range(args.repeats):
-            state = perturbed(base, 2 * r + 1)
+            v = 3 * r + 1
+            state = perturbed(base, v)
             rows["raw safetensors"].append(raw_roundtrip(state, work / "raw.safetensors"))
-            rows["filesystem"].append(filesystem_version(url, publisher, state, 2 * r + 1))
-            state = perturbed(base, 2 * r + 2)
-            rows["distributed"].append(group.version(state, 2 * r + 2, int(args.bucket_mb * 2**20), tied))
-        report(rows, size_mb, group.join_s, args)
+            rows["filesystem"].append(filesystem_version(url, publisher, state, v))
+            rows["shared"].append(shared_version(url, store, perturbed(base, v + 1), v + 1, tied))
+            if group is not None:
+                state = perturbed(base, v + 2)
+                rows["distributed"].append(group.version(state, v + 2, int(args.bucket_mb * 2**20), tied))
+        report(rows, size_mb, group.join_s if group else None, args)
     finally:
+        store.close()
         proc.terminate()
         proc.wait(timeout=60)
 
 
-def report(rows: dict[str, list[tuple[float, float]]], size_mb: float, join_s: float, args) -> None:
-    print(f"\n{args.model} ({size_mb:.0f} MiB of tensors), bucket {args.bucket_mb:g} MiB, "
-          f"median of {args.repeats}; group join (once): {join_s:.2f} s")  # fmt: skip
+def report(rows: dict[str, list[tuple[float, float]]], size_mb: float, join_s: float | None, args) -> None:
+    join = f"group join (once): {join_s:.2f} s" if join_s is not None else "distributed skipped on one GPU"
+    print(f"\n{args.model} ({size_mb:.0f} MiB of tensors) on {args.device}, bucket {args.bucket_mb:g} MiB, "
+          f"median of {args.repeats}; {join}")  # fmt: skip
     raw_total = statistics.median(a + b for a, b in rows["raw safetensors"])
     print(f"{'path':<18}{'publish/write s':>16}{'load/read s':>13}{'total s':>9}{'x raw':>7}")
     for name, values in rows.items():

@@ -173,14 +173,22 @@ def test_store_lends_copies_keeps_the_lent_version_and_unlinks() -> None:
         store.put(state(3), 3)
         assert store.versions() == [1, 2, 3]  # 1 is lent: kept beyond keep = 2
         assert segments(store) == [f"{store.prefix}-v{v}" for v in (1, 2, 3)]
+        inode = (shm_dir() / f"{store.prefix}-v1").stat().st_ino
         store.give_back(1)
-        assert store.versions() == [2, 3] and len(segments(store)) == 2
+        assert store.versions() == [2, 3]  # v1's segment is the spare now: no description finds it
+        assert segments(store) == [f"{store.prefix}-{n}" for n in ("spare", "v2", "v3")]
+        with pytest.raises(ValueError, match="does not exist"), open_share(wire):
+            pass
         with pytest.raises(ValueError, match="cannot lend version 1: versions held: \\[2, 3\\]"):
             store.lend(1, 1)
         store.lend(2, 1)
         store.lend(3, 1)  # a new lend ends the previous lease
-        store.put(state(4), 4)
+        store.put(state(4), 4)  # into the spare (v1's pages), v2 becomes the spare
         assert store.versions() == [3, 4]
+        assert (shm_dir() / f"{store.prefix}-v4").stat().st_ino == inode
+        [lent] = store.lend(4, 1)
+        with open_share(decode_share(encode_share(lent))) as tensors:
+            assert torch.equal(tensors["b"], state(4)["b"])
     finally:
         store.close()
     assert segments(store) == []
