@@ -32,15 +32,17 @@ def two_turns(second_prompt: list[int]) -> Probe:
     """Turn 1: prompt [1, 2], sampled [3, 4]; turn 2: `second_prompt`, sampled [7]. The trained
     sequence is the exact extension [1, 2, 3, 4, 5, 6, 7]."""
     episode = _episode([1, 2, 3, 4, 5, 6, 7], {2, 3, 6})
+    episode.metrics.update(sampled_turns=2, trained_turns=2, sampled_tokens=3)
     return Probe(0, [episode], [_call([1, 2], [3, 4]), _call(second_prompt, [7])])
 
 
 def test_round_trip_passes_an_exact_extension_and_flags_a_retokenized_turn() -> None:
-    assert token_round_trip([two_turns([1, 2, 3, 4, 5, 6])]).passed is True
+    exact = token_round_trip([two_turns([1, 2, 3, 4, 5, 6])])
+    assert exact.passed is True and "2 of 2 sampled turns, 3 of 3 sampled tokens trained" in exact.detail
     # turn 2's prompt re-tokenized the first reply ([3, 4] -> [34]): the engine saw other tokens
     drift = token_round_trip([two_turns([1, 2, 34, 5, 6])])
     assert drift.passed is False and "turn 1" in drift.detail and "position 2" in drift.detail
-    assert "token-in/token-out" in drift.fix
+    assert "token_exact" in drift.fix
 
 
 def test_round_trip_flags_an_episode_split_into_branches() -> None:

@@ -67,7 +67,9 @@ class EnvBaseConfig(BaseConfig):
         default_factory=lambda: {"name": "auto"},
         description="`renderers.RendererConfig` that turns chat messages into token ids client-side: "
         '{name = "auto"} (chosen from the model: Qwen3 -> qwen3 ..., else the tokenizer\'s chat template), '
-        '{name = "default"} (the tokenizer\'s chat template) or e.g. {name = "qwen3"}.',
+        '{name = "default"} (the tokenizer\'s chat template) or e.g. {name = "qwen3"}. Every turn\'s prompt '
+        "extends the previous turn's tokens as sampled (token in, token out: rollouts/token_bridge.py); "
+        "`token_exact = false` in this table renders every turn afresh from the chat's text instead.",
     )
     toolsets: Literal["inprocess", "verifiers"] = Field(
         "inprocess",

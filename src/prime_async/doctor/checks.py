@@ -86,13 +86,26 @@ def token_round_trip(probes: list[Probe]) -> CheckResult:
                 )
     if not turns:
         return CheckResult("tokens round-trip", None, "no ok episode to check")
+    share = trained_share([ep for probe in probes for ep in probe.ok])
     if problems:
         return CheckResult(
-            "tokens round-trip", False, f"{problems} drifts in {turns} turns; first: {first}",
-            "render each turn by appending to the previous turn's tokens (token-in/token-out; keep earlier "
-            "assistant turns as sampled: no stripping of thinking, whitespace or tool-call text)",
+            "tokens round-trip", False, f"{problems} drifts in {turns} turns ({share}); first: {first}",
+            "keep orchestrator.env.renderer's token_exact on (each turn extends the previous turn's tokens "
+            "as sampled); a split left means the env rewrote its history (env/branch_splits/<cause>)",
         )  # fmt: skip
-    return CheckResult("tokens round-trip", True, f"{turns} turns of {len(probes)} episodes match exactly")
+    return CheckResult(
+        "tokens round-trip", True, f"{turns} turns of {len(probes)} episodes match exactly ({share})"
+    )
+
+
+def trained_share(episodes: list[Episode]) -> str:
+    """'a of b sampled turns, c of d sampled tokens trained as sampled' over `episodes` (their trained
+    branch's sampled turns and loss tokens against every turn and token their seat sampled)."""
+    turns = sum(int(ep.metrics.get("sampled_turns", 0)) for ep in episodes)
+    trained = sum(int(ep.metrics.get("trained_turns", 0)) for ep in episodes)
+    tokens = sum(int(ep.metrics.get("sampled_tokens", 0)) for ep in episodes)
+    loss = sum(sum(ep.loss_mask) for ep in episodes)
+    return f"{trained} of {turns} sampled turns, {loss} of {tokens} sampled tokens trained as sampled"
 
 
 def same_seed_same_reward(pairs: list[tuple[Probe, Probe]]) -> CheckResult:
