@@ -101,6 +101,28 @@ def test_bridge_attributes_each_new_message(tokenizer: Any) -> None:
     assert user_text.startswith("<|im_start|>user\nand?") and indices[-1] == -1
 
 
+def test_qwen3_thinking_of_an_earlier_turn_stays_as_sampled(tokenizer: Any) -> None:
+    """The tiny model's renderer is `qwen3`, whose template drops an earlier turn's thinking at a new user
+    message (its own bridge declines there): the bridge keeps the sampled thinking in the context."""
+    renderer = make_renderer(tokenizer, {"name": "qwen3"})
+    chat = [{"role": "user", "content": "Start with 't'."}]
+    prompt = renderer.render_ids(chat, add_generation_prompt=True)
+    sampled = [
+        *tokenizer.encode("<think>\nhmm\n</think>\n\nthen", add_special_tokens=False),
+        tokenizer.eos_token_id,
+    ]
+    new = [{"role": "user", "content": "nest"}]
+    assert renderer.inner.bridge_to_next_turn(prompt, sampled, new) is None, "qwen3 re-renders here"
+    bridged = renderer.bridge_to_next_turn(prompt, sampled, new)
+    assert bridged.token_ids[: len(prompt) + len(sampled)] == prompt + sampled
+    assert tokenizer.decode(bridged.token_ids[len(prompt) + len(sampled) :]).startswith(
+        "\n<|im_start|>user\nnest"
+    )
+    reply = {"role": "assistant", "content": "then", "reasoning_content": "hmm"}
+    fresh = tokenizer.decode(renderer.render_ids([*chat, reply, *new], add_generation_prompt=True))
+    assert "hmm" not in fresh, "the template alone would have dropped the sampled thinking"
+
+
 class _Inner:
     """An inner renderer stub: its own bridge answer, and a template that refuses the probe chat."""
 
