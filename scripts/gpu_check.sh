@@ -47,8 +47,8 @@ out=${out:-$REPO/outputs/gpu_check}
 WORK=${TMPDIR:-/tmp}/gpu_check_work
 SITE=$WORK/site
 M036=$WORK/qwen3_036b  # the 0.36B Qwen3 shape of the first H200 run (hidden 1024, 28 layers, vocab 4096)
-DEV=cuda BENCH_MODEL=$M036
-[ "$mode" = cpu ] && DEV=cpu BENCH_MODEL=models/tiny  # the 0.36B shape is minutes per step on a CPU
+DEV=cuda BENCH_MODEL=$M036 TRAINER_SHAPE=qwen3-0.6b TRAINER_ROWS=4  # bench_trainer: 4 rows of 4096 tokens
+[ "$mode" = cpu ] && DEV=cpu BENCH_MODEL=models/tiny TRAINER_SHAPE=tiny TRAINER_ROWS=2  # 0.36B: minutes on a CPU
 RL="$PY -m prime_async.entrypoints.rl"
 RL_PORTS="--inference.server.port 0 --transport.port 0"
 PYTEST="$PY -m pytest -p no:cacheprovider -p no:randomly -o addopts= -q -rfEs -n 0"
@@ -84,11 +84,10 @@ add megatron_rl_ckpt c 100 always "$RL @ configs/tiny/rl.toml --max-steps 4 --ou
 --trainer.backend megatron --trainer.ckpt.interval 3 && test -f $WORK/megatron_rl_ckpt/checkpoints/trainer/step_3/COMPLETE \
 && echo -n 'checkpoint step_3 COMPLETE; ' && $PY scripts/gpu/run_summary.py $WORK/megatron_rl_ckpt --steps 4"
 add megatron_tests c 200 always "$PYTEST --timeout 190 tests/megatron/test_megatron_backend.py tests/megatron/test_megatron_checkpoint.py -m 'gpu or not gpu'"
-add bench_engine z 60 always "$PY scripts/bench_engine.py --model-dir $BENCH_MODEL --device $DEV --batches 1 8 \
+add bench_engine z 45 always "$PY scripts/bench_engine.py --model-dir $BENCH_MODEL --device $DEV --batches 1 8 \
 --new-tokens 32 --repeats 1"
-# LEAD: bench_trainer's CUDA flags (--device, the backend switch) come with the bench_trainer change.
-add bench_trainer z 45 always "$PY scripts/bench_trainer.py --model-dir $BENCH_MODEL --device $DEV --episodes 12 \
---repeats 1"
+add bench_trainer z 60 always "$PY scripts/bench_trainer.py --device $DEV --shape $TRAINER_SHAPE --backends fsdp megatron \
+--steps 2 --rows $TRAINER_ROWS"
 for e in "${EXTRA[@]}"; do add "${e%%=*}" z 60 always "${e#*=}"; done
 
 # ---- helpers run inside a check's shell (exported) ------------------------------------------------------
@@ -158,6 +157,11 @@ detail_of() {  # DETAIL of check $2 from its log $1: bench_engine's tokens/s by 
                 END { if (s != "") print "tok/s " h ": " s }' "$log")
     [ -n "$line" ] && { echo "${line:0:110}"; return; }
   fi
+  if [ "${2:-}" = bench_trainer ]; then  # "backend step s tokens/s TFLOP/s MFU" rows
+    line=$(awk '$1 ~ /^(fsdp|megatron)$/ && NF >= 5 { s = s sep $1 " " $3 " tok/s MFU " $5; sep = ", " }
+                END { if (s != "") print s }' "$log")
+    [ -n "$line" ] && { echo "${line:0:110}"; return; }
+  fi
   line=$(grep -E '(passed|failed|error|skipped|deselected|no tests ran)( |,|$)' "$log" | grep -E '[0-9]+ |no tests' | tail -1)
   [ -n "$line" ] || line=$(grep -v '^\s*$' "$log" | tail -1)
   line=${line//|//}
@@ -214,7 +218,7 @@ run_lane() { local n; for n in $(lane_names "$1"); do run_check "$n" "$(index_of
 
 [ -n "$wheels" ] && export PYTHONPATH="$REPO/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
 run_lane 0 $((T0 + 130))
-phase1_end=$((T0 + budget - 100))  # the lanes; then 95 s for the benchmarks
+phase1_end=$((T0 + budget - 115))  # the lanes; then 110 s for the benchmarks
 for lane in a b c; do run_lane "$lane" "$phase1_end" & done
 wait
 run_lane z $((T0 + budget - 5))
