@@ -6,7 +6,8 @@
 #   bash scripts/gpu_check.sh --dry-run                      # the checks, their limits and commands
 #   bash scripts/gpu_check.sh --cpu [--only a,b]             # the same table, CPU-runnable checks on the CPU
 # Options: --out DIR (default $OUT, else outputs/gpu_check): logs/<check>.log, table.md, the runs' logs and
-#   metrics; --python PY (default python3, the image's); --budget S (default 360: the whole check);
+#   metrics; --python PY (default python3, the image's); --budget S (default 360: the whole check; with
+#   SGLang in the wheelhouse raise it to ~600, its conformance starts a server);
 #   --only a,b (these checks); --timeout NAME=S (one check's limit, repeatable); --extra NAME=COMMAND (one
 #   more check, run last with the benchmarks; limit 60 s unless --timeout NAME=S; repeatable).
 # Install: `PY -m pip install --no-index --no-deps --target WORK/site DIR/whl/*.whl`, then
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
              EXTRA+=("$2"); shift 2 ;;
     --cpu) mode=cpu; shift ;;
     --dry-run) dry=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | grep '^#'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
