@@ -87,6 +87,14 @@ class TokenExactRenderer:
     def inner(self) -> Any:
         return self._inner
 
+    @property
+    def is_multimodal(self) -> bool:
+        """The inner renderer's answer (`renderers.base.is_multimodal` caches per type otherwise, and
+        every wrapper has this one type)."""
+        from renderers.base import is_multimodal
+
+        return is_multimodal(self._inner)
+
     def bridge_to_next_turn(
         self,
         previous_prompt_ids: list[int],
