@@ -108,6 +108,11 @@ def test_a_package_in_a_workspace_is_listed_in_its_root_pyproject(tmp_path: Path
     assert data["project"]["dependencies"] == ["verifiers>=0.4.0", "calculator", "guess-number"]
     assert data["tool"]["uv"]["sources"]["guess-number"] == {"workspace": True}
     assert data["tool"]["ruff"] == {"line-length": 110}, "the tables after the sources are kept"
+    expected = WORKSPACE.replace('"calculator",\n', '"calculator",\n    "guess-number",\n').replace(
+        "calculator = { workspace = true }\n",
+        "calculator = { workspace = true }\nguess-number = { workspace = true }\n",
+    )
+    assert (tmp_path / "pyproject.toml").read_text() == expected, "the layout is kept, one line added to each"
     assert "listed guess-number in pyproject.toml" in out and "uv pip install" not in out
     assert any(
         line.startswith("  uv run rl @ environments/guess_number/rl_tiny.toml ") for line in out.splitlines()

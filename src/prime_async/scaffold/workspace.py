@@ -74,7 +74,7 @@ def _add_source(text: str, dist: str) -> str:
     header = re.search(r"^\[tool\.uv\.sources\]\s*$", text, re.MULTILINE)
     if header is None:
         return text.rstrip("\n") + f"\n\n[tool.uv.sources]\n{line}"
-    next_table = re.compile(r"^\s*\[", re.MULTILINE).search(text, header.end())
+    next_table = re.compile(r"^\[", re.MULTILINE).search(text, header.end())
     end = next_table.start() if next_table else len(text)
     section = text[header.end() : end].rstrip("\n")
     return text[: header.end()] + section + "\n" + line + ("\n" if next_table else "") + text[end:]
