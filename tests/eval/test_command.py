@@ -69,15 +69,22 @@ def test_eval_command_evaluates_base_and_published_weights(tmp_path: Path, tiny_
         m["eval/weight_version"] == m["step"] for m in metrics
     )
     assert all(m["eval/reverse-text/off_version_tokens"] == 0 for m in metrics)
+    # the env's own values: its reward function `lcs` and its `@vf.metric` `exact`, mean over the episodes
+    assert all(
+        0 <= m["eval/reverse-text/reward_fn/lcs"] <= 1 and "eval/reverse-text/metric/exact" in m
+        for m in metrics
+    )
     for version in (0, 1):
         samples = [
             json.loads(x) for x in (out / "eval" / f"samples_v{version}.jsonl").read_text().splitlines()
         ]
         assert len(samples) == 6 and all(s["prompt"].startswith("<|im_start|>") for s in samples)
         assert all(s["version"] == version and isinstance(s["reward"], float) for s in samples)
+        assert all(set(s["metrics"]) == {"exact"} and s["rewards"]["lcs"] == s["reward"] for s in samples)
     tables = list((out / "wandb").glob("offline-run-*/files/media/table/eval/samples_*.table.json"))
     assert len(tables) == 2, sorted(p.name for p in (out / "wandb").rglob("*"))
     table = json.loads(tables[0].read_text())
-    assert {"prompt", "completion", "reward"} <= set(table["columns"]) and len(table["data"]) == 6
+    assert {"prompt", "completion", "reward", "metrics", "rewards"} <= set(table["columns"])
+    assert len(table["data"]) == 6
     running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(out / "configs" / "eval_inference.toml") not in running, "the engine outlived the command"

@@ -38,8 +38,8 @@ def _trace(name: str, *, acted: bool, failed_call: bool = False, reward: float =
         calls = [SimpleNamespace(error=SimpleNamespace(type="ProviderError", message="connection reset"))]
     return SimpleNamespace(
         agent=SimpleNamespace(name=name, trainable=True), branches=[branch] if acted else [], calls=calls,
-        num_turns=int(acted), metrics={}, rewards={"r": SimpleNamespace(value=reward)}, reward=reward,
-        ok=True, errors=[], is_truncated=False,
+        num_turns=int(acted), metrics={}, rewards={"r": SimpleNamespace(score=reward, value=reward)},
+        reward=reward, ok=True, errors=[], is_truncated=False,
     )  # fmt: skip
 
 

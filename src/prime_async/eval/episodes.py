@@ -14,6 +14,9 @@ Metrics per environment `<name>` (k = `rollouts_per_example`):
   they say nothing about the policy, so they are in none of the other metrics;
 - `eval/<name>/off_version_tokens`: sampled tokens the engine reported under a version other than the
   evaluated one (0 when the version was pinned for the whole eval);
+- the env's own values (`rollouts/episode.env_values`): `eval/<name>/metric/<metric>` (each
+  `@vf.metric`) and `eval/<name>/reward_fn/<reward>` (each reward function's unweighted score), each the
+  mean over the episodes that carry it; every sample holds them too (`metrics`, `rewards`);
 and `eval/weight_version` = the version the eval ran at.
 
 Invariants: eval episodes never reach the group table, the train sink or the trainer (this module has no
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prime_async.engine_api import SamplingParams
+from prime_async.rollouts.episode import split_env_values
 from prime_async.rollouts.types import Episode, RolloutSource
 
 Decode = Callable[[list[int]], str]
@@ -124,6 +128,7 @@ def env_metrics(env: EvalEnv, version: int, runs: list[tuple[int, int, list[Epis
             off_version += sum(v != version for v in sampled)
     prefix = f"eval/{env.name}"
     return {
+        **_env_value_means(prefix, [ep for _, _, eps in runs for ep in eps if ep.status != "idle"]),
         f"{prefix}/reward/mean": sum(rewards) / max(len(rewards), 1),
         f"{prefix}/pass@{env.rollouts_per_example}": sum(passed.values()) / max(len(passed), 1),
         f"{prefix}/num_episodes": float(len(rewards)),
@@ -133,6 +138,17 @@ def env_metrics(env: EvalEnv, version: int, runs: list[tuple[int, int, list[Epis
     }
 
 
+def _env_value_means(prefix: str, episodes: list[Episode]) -> dict[str, float]:
+    """`<prefix>/metric/<metric>` and `<prefix>/reward_fn/<reward>`: means over the episodes carrying them."""
+    sums: dict[str, list[float]] = {}
+    for ep in episodes:
+        metrics, rewards = split_env_values(ep.metrics)
+        for kind, values in (("metric", metrics), ("reward_fn", rewards)):
+            for key, value in values.items():
+                sums.setdefault(f"{prefix}/{kind}/{key}", []).append(float(value))
+    return {key: sum(values) / len(values) for key, values in sums.items()}
+
+
 def _samples(
     env: EvalEnv, version: int, runs: list[tuple[int, int, list[Episode]]], decode: Decode | None
 ) -> list[dict[str, Any]]:
@@ -140,10 +156,11 @@ def _samples(
     for example_id, rollout, episodes in runs:
         for ep in episodes:
             prompt, completion = split_text(ep, decode)
+            metrics, rewards = split_env_values(ep.metrics)
             out.append({
                 "env": env.name, "version": version, "example_id": example_id, "rollout": rollout,
                 "seat": ep.seat, "reward": ep.reward, "status": ep.status, "error": ep.error,
-                "prompt": prompt, "completion": completion,
+                "prompt": prompt, "completion": completion, "metrics": metrics, "rewards": rewards,
             })  # fmt: skip
     return out
 

@@ -6,7 +6,10 @@ so `rollout/data_staleness/mean == rollout/version_span/mean + rollout/queue_ste
 `rollout/data_staleness/ratio_<k>` is the fraction of trained groups with staleness k. A multi-agent
 env's trajectories also give `reward/seat/<seat>/mean` per seat. Per training environment (`env_names`):
 `rollout/env/<name>/trained_groups` (0 when the batch has none of it), and for those in the batch
-`reward/<name>/mean` and `rollout/env/<name>/data_staleness/mean`.
+`reward/<name>/mean`, `rollout/env/<name>/data_staleness/mean`, and the env's own values
+(`rollouts/episode.env_values`): `env/<name>/metric/<metric>` (each `@vf.metric`) and
+`env/<name>/reward_fn/<reward>` (each reward function's unweighted score), each the mean over the batch's
+trajectories of that env that carry it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from prime_async.orchestrator.types import Group
+from prime_async.rollouts.episode import split_env_values
 
 
 def batch_metrics(groups: list[Group], step: int, env_names: Sequence[str] = ()) -> dict[str, float]:
@@ -72,4 +76,18 @@ def env_metrics(groups: list[Group], step: int, env_names: Sequence[str]) -> dic
     for name, values in rewards.items():
         out[f"reward/{name}/mean"] = sum(values) / max(len(values), 1)
         out[f"rollout/env/{name}/data_staleness/mean"] = sum(staleness[name]) / max(len(staleness[name]), 1)
+    out.update(env_value_means(groups))
     return out
+
+
+def env_value_means(groups: list[Group]) -> dict[str, float]:
+    """`env/<name>/metric/<metric>` and `env/<name>/reward_fn/<reward>`: means over the trajectories that
+    carry the value (module docstring)."""
+    sums: dict[str, list[float]] = {}
+    for group in groups:
+        for ep in group.episodes:
+            metrics, rewards = split_env_values(ep.metrics)
+            for kind, values in (("metric", metrics), ("reward_fn", rewards)):
+                for key, value in values.items():
+                    sums.setdefault(f"env/{group.env}/{kind}/{key}", []).append(float(value))
+    return {key: sum(values) / len(values) for key, values in sums.items()}

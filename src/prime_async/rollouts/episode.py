@@ -16,6 +16,8 @@ Invariants of the returned `Episode`:
   chat-template scaffold, user turns and tool results are False;
 - `sampler_logprobs` is the engine's logprob on sampled tokens and 0.0 elsewhere; all finite;
 - `token_versions` is the engine-reported weight version on sampled tokens and -1 elsewhere;
+- `metrics["env/<metric>"]` is each `@vf.metric` value of the trace and `metrics["env/reward_fn/<name>"]`
+  each reward function's score (unweighted), when computed (`env_values`);
 - `metrics["sampled_tokens"]` is what the trace's seat sampled over all its turns and branches (at least
   the loss tokens of the trained branch, before any `seq_len` cut);
 - `truncated` is True when the episode was cut: by `seq_len` (the gateway clamps every turn to it), by a
@@ -115,6 +117,31 @@ def branch_routes(token_ids: list[int], calls: list[GatewayCall]) -> np.ndarray 
     return None
 
 
+ENV_METRIC = "env/"  # Episode.metrics key prefix of the env's own `@vf.metric` values
+ENV_REWARD = "env/reward_fn/"  # ... and of each reward function's score (unweighted)
+
+
+def env_values(trace: Any) -> dict[str, float]:
+    """The env's own values of a trace as `Episode.metrics` entries: every `@vf.metric` as
+    `env/<metric>` and every reward function's score as `env/reward_fn/<reward>` (None or not finite: left
+    out). `split_env_values` reads them back."""
+    out = {f"{ENV_METRIC}{k}": float(v) for k, v in trace.metrics.items() if v is not None}
+    rewards = getattr(trace, "rewards", None) or {}
+    out.update({f"{ENV_REWARD}{k}": float(r.score) for k, r in rewards.items() if r is not None})
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def split_env_values(metrics: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """(metrics, rewards) of an episode's `env_values`, keyed by the env's own names."""
+    found: tuple[dict[str, float], dict[str, float]] = ({}, {})
+    for key, value in metrics.items():
+        if key.startswith(ENV_REWARD):
+            found[1][key.removeprefix(ENV_REWARD)] = value
+        elif key.startswith(ENV_METRIC):
+            found[0][key.removeprefix(ENV_METRIC)] = value
+    return found
+
+
 def _reward_fault(trace: Any) -> str | None:
     """Why the trace's reward cannot be trained on, or None."""
     if not trace.rewards:
@@ -165,7 +192,7 @@ def _idle(episode: Episode, trace: Any) -> Episode:
     episode.status = "idle"
     episode.seat = trace.agent.name
     episode.metrics["num_turns"] = trace.num_turns
-    episode.metrics.update({f"env/{k}": v for k, v in trace.metrics.items() if v is not None})
+    episode.metrics.update(env_values(trace))
     episode.reward = None if _reward_fault(trace) else float(trace.reward)
     return episode
 
@@ -183,7 +210,7 @@ def _trace_episode(
     branches = trace.branches
     episode.metrics["num_turns"] = trace.num_turns
     episode.metrics["num_branches"] = len(branches)
-    episode.metrics.update({f"env/{k}": v for k, v in trace.metrics.items() if v is not None})
+    episode.metrics.update(env_values(trace))
     if branches:
         branch = branches[-1]
         episode.token_ids = list(branch.token_ids)
@@ -269,9 +296,10 @@ def overflow_turn(trace: Any, seq_len: int) -> tuple[int, int] | None:
             if match := _OVERLONG.search(call.error.message or ""):
                 return turn, int(match[1])
             continue
-        used = call.usage.prompt_tokens + call.usage.completion_tokens if call.usage else 0
-        if call.finish_reason == "length" and used >= seq_len:
-            return turn, int(call.usage.prompt_tokens)
+        usage = getattr(call, "usage", None)  # a call without usage (none reported) cannot tell
+        used = usage.prompt_tokens + usage.completion_tokens if usage else 0
+        if getattr(call, "finish_reason", None) == "length" and used >= seq_len:
+            return turn, int(usage.prompt_tokens)
     return None
 
 

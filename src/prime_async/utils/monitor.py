@@ -39,6 +39,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _cell(value: Any) -> Any:
+    """A wandb table cell: a dict or list (e.g. a sample's env metrics) as its JSON text."""
+    return json.dumps(value) if isinstance(value, dict | list) else _jsonable(value)
+
+
 class Monitor:
     """Appends `{"step": n, "time": t, **metrics}` lines to `output_dir/metrics/<name>.jsonl` and to wandb."""
 
@@ -99,7 +104,7 @@ class Monitor:
         import wandb
 
         columns = list(rows[0])
-        table = wandb.Table(columns=columns, data=[[_jsonable(row.get(c)) for c in columns] for row in rows])
+        table = wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows])
         self._run.log({key: table}, step=self._last_step)
         return True
 
