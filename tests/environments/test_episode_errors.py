@@ -66,6 +66,7 @@ def test_every_early_episode_failing_stops_the_run_naming_the_cause(
     message = str(info.value)
     assert "every episode of the first 2 groups failed" in message and "\n" not in message
     assert "[reward]" in message and "RuntimeError: reward exploded" in message
+    assert "faulty_rewards.py:7 in raising_reward]" in message, "the user's file and line, not verifiers'"
     logged = [r for r in caplog.records if r.levelname == "WARNING" and "episode error [reward]" in r.message]
     assert len(logged) == 1, "one distinct error is logged once"
 
@@ -78,3 +79,29 @@ def test_dropped_groups_limit_names_the_most_frequent_episode_error(
     with pytest.raises(RuntimeError, match="max_dropped_groups_per_step = 3") as info:
         run(cfg, tiny_model_dir)
     assert "most frequent episode error" in str(info.value) and "reward exploded" in str(info.value)
+
+
+def test_user_frame_is_the_innermost_user_frame_of_the_root_cause(tmp_path: Path) -> None:
+    """A chained traceback as verifiers records it: the user's reward raised, verifiers re-raised it as a
+    TaskError. The location is the reward's line, not verifiers' and not the env's outer frame."""
+    import verifiers
+
+    from prime_async.rollouts.episode_errors import user_frame
+
+    site = Path(verifiers.__file__).parent / "v1"
+    user = tmp_path / "my_env" / "rewards.py"
+    text = (
+        "Traceback (most recent call last):\n"
+        f'  File "{site}/task.py", line 264, in score\n    x\n'
+        f'  File "{user.parent}/env.py", line 20, in helper\n    y\n'
+        f'  File "{user}", line 7, in my_reward\n    raise RuntimeError("x")\n'
+        f'  File "{Path(asyncio.__file__).parent}/tasks.py", line 10, in gather\n    z\n'
+        "RuntimeError: x\n\nThe above exception was the direct cause of the following exception:\n\n"
+        "Traceback (most recent call last):\n"
+        f'  File "{user.parent}/env.py", line 40, in run\n    w\n'
+        f'  File "{site}/errors.py", line 95, in boundary\n    raise\n'
+        "verifiers.v1.errors.TaskError: scoring: RuntimeError: x\n"
+    )
+    assert user_frame(text) == f"{user}:7 in my_reward"
+    assert user_frame(text.replace(str(user), f"{site}/x.py").replace(str(user.parent), str(site))) is None
+    assert user_frame(None) is None and user_frame("RuntimeError: x") is None

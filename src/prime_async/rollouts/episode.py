@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from prime_async.rollouts.episode_errors import user_frame
 from prime_async.rollouts.gateway import GatewayCall, GatewaySession
 from prime_async.rollouts.types import Episode
 
@@ -58,6 +59,16 @@ ENV_ERROR_KINDS = (
 # verifiers' renderers client refuses a prompt longer than the gateway's `max_model_len` (= seq_len)
 # before any request is sent, with this message (renderers.OverlongPromptError)
 _OVERLONG = re.compile(r"Prompt length \((\d+)\) exceeds maximum context length \((\d+)\)")
+
+
+def describe_errors(errors: list[Any]) -> str:
+    """verifiers' recorded errors as `type: message [at path:line in fn]; ...`: each with the innermost
+    frame of the user's code that raised it when its traceback shows one (`episode_errors.user_frame`)."""
+    parts = []
+    for e in errors:
+        where = user_frame(getattr(e, "traceback", None))
+        parts.append(f"{e.type}: {e.message}" + (f" [at {where}]" if where else ""))
+    return "; ".join(parts)
 
 
 def _error(episode: Episode, kind: str, message: str) -> Episode:
@@ -164,7 +175,7 @@ def build_episodes(
         return [_error(episode, "engine_abort", "the engine aborted a request of this episode")]
     traces = list(vf_episode.traces)
     if not traces:
-        errors = "; ".join(f"{e.type}: {e.message}" for e in vf_episode.errors) or "no trace"
+        errors = describe_errors(vf_episode.errors) or "no trace"
         return [_error(episode, "no_trace", errors[:2000])]
     trained = [t for t in traces if t.agent.trainable]
     if not trained:
@@ -242,7 +253,7 @@ def _trace_episode(
             episode.routed_experts = episode.routed_experts[:seq_len]
     if not vf_episode.ok or not trace.ok:
         errors = [*trace.errors, *vf_episode.errors]
-        message = "; ".join(f"{e.type}: {e.message}" for e in errors) or "rollout failed"
+        message = describe_errors(errors) or "rollout failed"
         kind = "reward" if any(e.type == "TaskError" for e in errors) else "rollout"
         return _error(episode, kind, message[:2000])
     if fault := _reward_fault(trace):

@@ -9,12 +9,21 @@ Invariants:
   `Episode.metrics["env_error"]` (see `rollouts/episode.ENV_ERROR_KINDS`), else the episode's status;
 - the first episode with a given identity is logged at WARNING with the full message and the running
   count of that kind; later ones at DEBUG only, so a run of identical failures logs one line;
-- `counts_by_kind()` are cumulative since start (the `env/errors/<kind>` metrics).
+- `counts_by_kind()` are cumulative since start (the `env/errors/<kind>` metrics);
+- `user_frame` names where an exception of the user's code was raised: the innermost frame of the root
+  cause (the first traceback of a chain) outside the standard library, verifiers and its libraries, and
+  prime_async; `rollouts/episode.py` appends it to the error (`[at path:line in fn]`), so the one-line
+  summary says where a reward or an env raised without `--log.level DEBUG`.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
+import os
+import re
+import sysconfig
 from collections import Counter
 
 from prime_async.rollouts.types import Episode
@@ -28,6 +37,50 @@ TEACHER = "teacher"  # the kind of a teacher scoring failure: the teacher failed
 class EpisodesFailing(ValueError):
     """Every early episode failed: the environment (or the teacher) cannot run as configured. A
     ValueError, so the entrypoint reports it as one line (a configuration error), like a bad env key."""
+
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<fn>.+)$', re.MULTILINE)
+_CHAIN = "Traceback (most recent call last):"
+# packages whose frames are the machinery around the user's code, never the place it raised
+_FRAMEWORK = (
+    "prime_async", "verifiers", "renderers", "pydantic", "pydantic_core", "openai", "httpx", "httpcore",
+    "anyio", "mcp", "starlette", "fastapi", "uvicorn", "transformers", "torch",
+)  # fmt: skip
+
+
+@functools.cache
+def _framework_dirs() -> tuple[str, ...]:
+    """Directories of the standard library and the `_FRAMEWORK` packages (found without importing)."""
+    dirs = [sysconfig.get_paths()["stdlib"]]
+    for name in _FRAMEWORK:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        dirs.extend((spec.submodule_search_locations or []) if spec else [])
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+def _is_user(path: str) -> bool:
+    if path.startswith("<"):  # <frozen ...>, <string>, exec'd sources
+        return False
+    real = os.path.realpath(path)
+    if "site-packages" not in real and "dist-packages" not in real:
+        return not real.startswith(_framework_dirs()[0])
+    return not real.startswith(_framework_dirs()[1:])
+
+
+def user_frame(traceback_text: str | None) -> str | None:
+    """`path:line in fn` of the innermost frame in user code of the root cause in `traceback_text` (a
+    formatted traceback, chained causes first), the path relative to the working directory when under
+    it; None when no frame is the user's (or there is no traceback)."""
+    for section in (traceback_text or "").split(_CHAIN)[1:]:
+        frames = [m for m in _FRAME.finditer(section) if _is_user(m["path"])]
+        if frames:
+            path, line, fn = frames[-1]["path"], frames[-1]["line"], frames[-1]["fn"].strip()
+            rel = os.path.relpath(path) if os.path.realpath(path).startswith(os.getcwd() + os.sep) else path
+            return f"{rel}:{line} in {fn}"
+    return None
 
 
 def _first_line(message: str) -> str:
