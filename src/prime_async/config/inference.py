@@ -81,6 +81,32 @@ class EngineConfig(BaseConfig):
         description="CPU projections: packed = weights also kept in oneDNN's blocked layout (faster matmuls "
         "at decode batch sizes, one more copy of the weights in memory); dense = plain F.linear.",
     )
+    decode_step: Literal["auto", "eager", "static", "graphs"] = Field(
+        "auto",
+        description="How a decode step runs: static = padded to a batch bucket (decode_buckets) and to a "
+        "power-of-two KV span, fixed shapes; graphs = the static step captured once per (bucket, span) as a "
+        "CUDA graph and replayed (CUDA only: a step is otherwise bound by kernel launches); eager = shapes "
+        "follow the batch. auto = graphs on CUDA, static on CPU. Steps with a LoRA row always run eager.",
+    )
+    decode_buckets: list[int] | None = Field(
+        None,
+        description="Batch sizes a static decode step is padded to, strictly increasing, each <= "
+        "max_running_requests (which is appended when missing). None = 1, 2, 4, ..., max_running_requests.",
+    )
+
+    @model_validator(mode="after")
+    def _check_decode(self) -> EngineConfig:
+        if self.decode_step == "graphs" and self.device == "cpu":
+            raise ValueError("engine.decode_step = 'graphs' needs CUDA, but engine.device = 'cpu'")
+        buckets, top = self.decode_buckets, self.max_running_requests
+        if buckets is not None and (
+            buckets != sorted(set(buckets)) or not all(1 <= b <= top for b in buckets)
+        ):
+            raise ValueError(
+                f"engine.decode_buckets {buckets}: must increase strictly, each in 1..max_running_requests "
+                f"({top})"
+            )
+        return self
 
 
 class SGLangConfig(BaseConfig):

@@ -18,6 +18,8 @@ Invariants:
 - `update_weights` runs only while paused or with no running request (otherwise it waits for the running
   ones to finish and admits nothing meanwhile); invalid weights raise ValueError and change nothing.
 - Every submitted request is resolved exactly once (result or exception), also on shutdown.
+- A decode step runs through `ModelRunner.decode_rows`: padded to a batch bucket and replayed as a CUDA
+  graph by default on CUDA (`decode_step`, `inference/static_decode.py`), eager for steps with LoRA rows.
 - `deterministic`: one request runs at a time (prefill alone, then decode at batch size 1), so its tokens
   and logprobs never depend on other requests (batch invariance); with a `sampling_seed` they are a
   function of the prompt, the seed and the weights only.
@@ -42,6 +44,7 @@ from prime_async.inference.linear import Kernels
 from prime_async.inference.lora import Adapter, read_adapter
 from prime_async.inference.model_runner import ModelRunner
 from prime_async.inference.sampler import SamplingParams, sample
+from prime_async.inference.static_decode import DecodeStep
 from prime_async.types import EnginePauseMode
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,8 @@ class Engine:
         max_lora_rank: int | None = None,
         lora_target_modules: list[str] | None = None,
         max_loaded_loras: int = 4,
+        decode_step: DecodeStep = "auto",
+        decode_buckets: list[int] | None = None,
     ):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,6 +123,7 @@ class Engine:
         self.runner = ModelRunner(
             model_path=model_path, dtype=dtype, device=device,
             num_slots=max_running_requests, max_len=max_len, chunk=kv_cache_chunk, kernels=kernels,
+            decode_step=decode_step, decode_buckets=decode_buckets,
         )  # fmt: skip
         self.model_path = model_path
         self.max_len = max_len
@@ -382,11 +388,9 @@ class Engine:
         self._remove_finished()
 
     def _decode_step(self) -> None:
-        dev = self.runner.device
         positions = [r.kv_len for r in self._running]
-        ids = torch.tensor([r.output_ids[-1] for r in self._running], device=dev)
-        adapters = [r.adapter for r in self._running]
-        logits = self.runner.decode(ids, torch.tensor(positions, device=dev), max(positions) + 1, adapters)
+        ids = [r.output_ids[-1] for r in self._running]
+        logits = self.runner.decode_rows(ids, positions, [r.adapter for r in self._running])
         routes = self.runner.take_routes() if any(r.keep_routes for r in self._running) else None
         if routes is not None:
             for b, req in enumerate(self._running):

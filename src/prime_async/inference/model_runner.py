@@ -17,6 +17,13 @@ Invariants:
   RMSNorm gains and the attention scale are applied to the activations, as HF does.
 - MoE (Qwen3-MoE): each sparse layer routes every row to its top-k experts with transformers' math; the
   experts chosen in a forward are kept for `take_routes` (routing replay, R3), one (N, k) per layer.
+- Every tensor a decode step reads is a parameter, the KV cache, a rope table or a buffer made once
+  (`_bind_fused_params`): a weight load copies into them in place (never rebinds), so a captured decode
+  step (`inference/static_decode.py`) sees the new weights. Only CPU's oneDNN-packed copies are rebuilt,
+  and graphs run on CUDA only, where nothing is packed.
+- Decode has two paths with the same math: `decode` (eager: shapes follow the batch, MoE experts run
+  on their routed rows only, LoRA served) and `decode_rows` through `StaticDecoder` (shapes padded to a
+  batch bucket and a span, no host sync; used unless `decode_step = "eager"` or a row has an adapter).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import torch.nn.functional as F
 
 from prime_async.inference.linear import Kernels, Projection
 from prime_async.inference.lora import Adapter, RawAdapter, apply_adapters, stack_pairs
+from prime_async.inference.static_decode import CudaGraphs, DecodeStep, StaticDecoder, resolve_decode_step
 from prime_async.models.moe_layout import fuse_experts
 from prime_async.utils.dtypes import resolve_dtype
 
@@ -89,7 +97,11 @@ class ModelRunner:
         max_len: int,
         chunk: int,
         kernels: Kernels = "packed",
+        decode_step: DecodeStep = "eager",
+        decode_buckets: list[int] | None = None,
     ):
+        """`decode_step`: how `decode_rows` runs (`static_decode.resolve_decode_step`); `decode_buckets`:
+        the batch sizes its steps are padded to (None: powers of two up to `num_slots`)."""
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device)
@@ -117,9 +129,19 @@ class ModelRunner:
         self._fused = self._bind_fused_params()
         self._fuse_weights()
         self.capacity = 0
+        self.cache_generation = 0  # bumped whenever the cache tensors are reallocated
+        self.keep_cache_on_flush = False  # set by a capturing StaticDecoder: graphs read these tensors
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
         self.ensure_capacity(min(chunk, max_len))
+        self.static = self._static_decoder(decode_step, decode_buckets)
+
+    def _static_decoder(self, step: DecodeStep, buckets: list[int] | None) -> StaticDecoder | None:
+        mode = resolve_decode_step(step, self.device)
+        if mode == "eager":
+            return None
+        capture = CudaGraphs(self.device) if mode == "graphs" else None
+        return StaticDecoder(self, buckets, capture)
 
     # ---- weights -------------------------------------------------------------------------------------
     def _build_rope_table(self) -> None:
@@ -132,6 +154,7 @@ class ModelRunner:
         self.cos = cos[0]  # (max_len, head_dim)
         self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
+    @torch.no_grad()
     def _bind_fused_params(self) -> list[dict[str, torch.Tensor]]:
         """Once: per layer, the buffers that q/k/v (weights, biases) and gate/up share (`_share_storage`)."""
         fused = []
@@ -142,6 +165,9 @@ class ModelRunner:
                 bufs["gate_up"] = _share_storage([mlp.gate_proj.weight, mlp.up_proj.weight])
             if att.q_proj.bias is not None:
                 bufs["qkv_bias"] = _share_storage([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
+            qk_norm = _joint_norm_weight(att, self.num_heads, self.num_kv_heads)
+            if qk_norm is not None:  # refilled in place by `_fuse_weights` (a decode graph reads it)
+                bufs["qk_norm"] = qk_norm
             fused.append(bufs)
         return fused
 
@@ -152,12 +178,14 @@ class ModelRunner:
         self.layers = []
         for layer, bufs in zip(self.model.model.layers, self._fused, strict=True):
             att, mlp = layer.self_attn, layer.mlp
+            if "qk_norm" in bufs:
+                bufs["qk_norm"].copy_(_joint_norm_weight(att, self.num_heads, self.num_kv_heads))
             self.layers.append(
                 {
                     "index": len(self.layers),
                     "qkv": self._projection(bufs["qkv"], bufs.get("qkv_bias")),
                     "o": self._projection(att.o_proj.weight, att.o_proj.bias),
-                    "qk_norm": _joint_norm_weight(att, self.num_heads, self.num_kv_heads),
+                    "qk_norm": bufs.get("qk_norm"),
                     "norm_in": layer.input_layernorm.weight,
                     "norm_post": layer.post_attention_layernorm.weight,
                     **(_moe_weights(mlp) if _is_moe(mlp) else self._dense_mlp(mlp, bufs)),
@@ -309,6 +337,7 @@ class ModelRunner:
             new_k.append(k)
             new_v.append(v)
         self.k_cache, self.v_cache, self.capacity = new_k, new_v, cap
+        self.cache_generation += 1
 
     @torch.inference_mode()
     def move_slot(self, src: int, dst: int, length: int) -> None:
@@ -323,7 +352,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def free_cache(self) -> None:
-        """Drop the cache back to one chunk (used by flush when nothing holds KV)."""
+        """Drop the cache back to one chunk (used by flush when nothing holds KV); kept as it is while
+        decode graphs read it (`keep_cache_on_flush`): nothing is cached across requests anyway."""
+        if self.keep_cache_on_flush:
+            return
         self.capacity = 0
         self.k_cache, self.v_cache = [], []
         self.ensure_capacity(min(self.chunk, self.max_len))
@@ -342,21 +374,30 @@ class ModelRunner:
         qk = torch.addcmul(qk * cos[:, None], qk.roll(d // 2, -1), sin_signed[:, None])
         return qk[:, :h], qk[:, h:], v
 
-    def _mlp(self, lw: dict, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(
+        self, lw: dict, h: torch.Tensor, routes: list[torch.Tensor], static: bool = False
+    ) -> torch.Tensor:
         x = _rms_norm(h, lw["norm_post"], self.eps)
         if "moe" in lw:
-            return h + self._experts(lw["moe"], x)
+            experts = self._experts_static if static else self._experts
+            return h + experts(lw["moe"], x, routes)
         gate, up = self._proj(lw, "gate_up", x).chunk(2, dim=-1)
         return h + self._proj(lw, "down", lw["act"](gate) * up)
 
-    def _experts(self, moe: dict, x: torch.Tensor) -> torch.Tensor:
-        """Top-k routed SwiGLU experts, as transformers' Qwen3-MoE block computes them; the chosen experts
-        of every row are appended to `_routes` (one (N, k) tensor per layer)."""
+    @staticmethod
+    def _route(moe: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k (weights, experts) of every row, as transformers' Qwen3-MoE router computes them."""
         probs = F.linear(x, moe["router"]).float().softmax(-1)
         weights, experts = probs.topk(moe["top_k"], dim=-1)
         if moe["norm_topk_prob"]:
             weights = weights / weights.sum(-1, keepdim=True)
-        self._routes.append(experts)
+        return weights, experts
+
+    def _experts(self, moe: dict, x: torch.Tensor, routes: list[torch.Tensor]) -> torch.Tensor:
+        """Top-k routed SwiGLU experts, as transformers' Qwen3-MoE block computes them; the chosen experts
+        of every row are appended to `routes` (one (N, k) tensor per layer)."""
+        weights, experts = self._route(moe, x)
+        routes.append(experts)
         out = torch.zeros_like(x)
         for e in experts.unique().tolist():
             rows, rank = (experts == e).nonzero(as_tuple=True)
@@ -365,10 +406,34 @@ class ModelRunner:
             out.index_add_(0, rows, y)
         return out
 
+    def _experts_static(self, moe: dict, x: torch.Tensor, routes: list[torch.Tensor]) -> torch.Tensor:
+        """`_experts` with no host sync and shapes fixed by x's row count (a CUDA graph can capture it):
+        with rows * top_k <= experts, each row runs its chosen experts' gathered weights; otherwise every
+        expert runs on every row with weight 0 where not chosen (each expert read once)."""
+        weights, experts = self._route(moe, x)
+        routes.append(experts)
+        w = weights.to(x.dtype)
+        n, k = experts.shape
+        num_experts = moe["gate_up"].shape[0]
+        if n * k <= num_experts:
+            gate, up = torch.einsum("nh,nkoh->nko", x, moe["gate_up"][experts]).chunk(2, dim=-1)
+            y = torch.einsum("nki,nkhi->nkh", moe["act"](gate) * up, moe["down"][experts])
+            return (y * w[..., None]).sum(1)
+        dense = torch.zeros(n, num_experts, dtype=x.dtype, device=x.device).scatter_(1, experts, w)
+        out = torch.zeros_like(x)
+        for e in range(num_experts):
+            gate, up = F.linear(x, moe["gate_up"][e]).chunk(2, dim=-1)
+            out += F.linear(moe["act"](gate) * up, moe["down"][e]) * dense[:, e, None]
+        return out
+
     def take_routes(self) -> torch.Tensor | None:
         """The experts each row of the last forward was routed to, (N, layers, k) int, or None (dense)."""
         routes, self._routes = self._routes, []
         return torch.stack(routes, dim=1) if routes else None
+
+    def set_routes(self, routes: torch.Tensor | None) -> None:
+        """Routes of a static step, (N, layers, k) or None, for `take_routes`."""
+        self._routes = [] if routes is None else list(routes.unbind(1))
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         h = _rms_norm(h, self.final_norm, self.eps)
@@ -409,7 +474,7 @@ class ModelRunner:
         """Hidden states (N, hidden) of every position of every prompt (N = their total length), caching
         each prompt's k/v in its slot (`slots` None: no cache)."""
         self._refresh_fused()
-        self._routes = []
+        self._routes = routes = []
         lens = [len(p) for p in prompts]
         self._set_groups(adapters, lens)
         ids = torch.tensor([t for p in prompts for t in p], device=self.device)
@@ -423,7 +488,7 @@ class ModelRunner:
             parts = zip(q.split(lens), k.split(lens), v.split(lens), cache_slots, strict=True)
             attn = torch.cat([self._prefill_attention(i, slot, *qkv) for *qkv, slot in parts])
             h = h + self._proj(lw, "o", attn.reshape(ids.shape[0], -1))
-            h = self._mlp(lw, h)
+            h = self._mlp(lw, h, routes)
         return h
 
     def _prefill_attention(self, layer: int, slot: int | None, q, k, v) -> torch.Tensor:
@@ -443,6 +508,14 @@ class ModelRunner:
         )  # (1, H, T, D)
         return attn[0].transpose(0, 1)
 
+    def prepare_decode(self, length: int, adapters: list[Adapter | None] | None, batch: int) -> None:
+        """Before a decode step of `batch` rows up to `length` positions: derived weights current, the
+        adapters' rows set, the cache long enough (a growth bumps `cache_generation`)."""
+        self._refresh_fused()
+        self._routes = []
+        self._set_groups(adapters, [1] * batch)
+        self.ensure_capacity(length)
+
     @torch.inference_mode()
     def decode(
         self,
@@ -451,20 +524,46 @@ class ModelRunner:
         length: int,
         adapters: list[Adapter | None] | None = None,
     ) -> torch.Tensor:
-        """One step for slots 0..B-1: token_ids/positions (B,), length = max(positions) + 1 -> (B, V);
+        """One eager step for slots 0..B-1: token_ids/positions (B,), length = max(positions) + 1 -> (B, V);
         `adapters[b]`: the LoRA adapter of row b (None: the base model)."""
-        self._refresh_fused()
-        self._routes = []
+        self.prepare_decode(length, adapters, token_ids.shape[0])
+        logits, self._routes = self._decode_forward(token_ids, positions, length, static=False)
+        return logits
+
+    def decode_rows(
+        self, ids: list[int], positions: list[int], adapters: list[Adapter | None] | None = None
+    ) -> torch.Tensor:
+        """One step for slots 0..B-1 by the configured path -> logits (B, V): the static decoder, or the
+        eager `decode` when it is off (`decode_step = "eager"`) or a row runs a LoRA adapter."""
+        if self.static is not None and not (adapters and any(a is not None for a in adapters)):
+            return self.static(ids, positions)
+        ids_t = torch.tensor(ids, device=self.device)
+        return self.decode(ids_t, torch.tensor(positions, device=self.device), max(positions) + 1, adapters)
+
+    def static_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, span: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The static step (`StaticDecoder`): (logits (N, V), routes (N, layers, k) or None) of rows
+        `ids`/`positions` (N,) attending to cache positions [0, span); no host sync, no value-dependent
+        shape, no Python state changed (a CUDA graph replays it without running this code)."""
+        logits, routes = self._decode_forward(ids, positions, span, static=True)
+        return logits, torch.stack(routes, dim=1) if routes else None
+
+    def _decode_forward(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, span: int, *, static: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits (B, V) of one step over slots 0..B-1 (B = len(token_ids)), writing each row's k/v at its
+        position and attending to cache positions [0, span) masked to [0, positions[b]]; the experts
+        chosen per layer (MoE). `static`: MoE experts by `_experts_static` (no host sync)."""
         b = token_ids.shape[0]
-        self._set_groups(adapters, [1] * b)
-        self.ensure_capacity(length)
         h = F.embedding(token_ids, self.embed)  # (B, hidden)
         cos, sin = self.cos[positions], self.sin_signed[positions]
         rows = torch.arange(b, device=self.device)
-        visible = torch.arange(length, device=self.device)[None] <= positions[:, None]
+        visible = torch.arange(span, device=self.device)[None] <= positions[:, None]
         # additive float mask built once per step (a bool mask is converted again in every layer)
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None]  # (B, 1, 1, L) over (B, KVH, G, L)
+        routes: list[torch.Tensor] = []
         for i, lw in enumerate(self.layers):
             x = _rms_norm(h, lw["norm_in"], self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)
@@ -474,8 +573,8 @@ class ModelRunner:
             # one query per row: two batched matmuls beat SDPA's CPU flash kernel (built for long queries);
             # query heads grouped per kv head (B, KVH, G, D), as HF's repeat_kv pairs them
             q_g = q.reshape(b, self.num_kv_heads, -1, self.head_dim) * self.scale
-            scores = torch.matmul(q_g, kc[:b, :, :length].transpose(-1, -2)) + mask  # (B, KVH, G, L)
-            attn = torch.matmul(scores.softmax(-1), vc[:b, :, :length])  # (B, KVH, G, D)
+            scores = torch.matmul(q_g, kc[:b, :, :span].transpose(-1, -2)) + mask  # (B, KVH, G, L)
+            attn = torch.matmul(scores.softmax(-1), vc[:b, :, :span])  # (B, KVH, G, D)
             h = h + self._proj(lw, "o", attn.reshape(b, -1))
-            h = self._mlp(lw, h)
-        return self._logits(h)
+            h = self._mlp(lw, h, routes, static)
+        return self._logits(h), routes

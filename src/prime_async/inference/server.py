@@ -346,7 +346,7 @@ def build_engine(cfg: InferenceConfig) -> Engine:
         weight_version=str(cfg.weight_version), kernels=e.kernels, deterministic=cfg.deterministic,
         max_lora_rank=cfg.lora.rank if cfg.lora else None,
         lora_target_modules=cfg.lora.target_modules if cfg.lora else None,
-        max_loaded_loras=cfg.max_loaded_loras,
+        max_loaded_loras=cfg.max_loaded_loras, decode_step=e.decode_step, decode_buckets=e.decode_buckets,
     )  # fmt: skip
 
 
