@@ -19,14 +19,15 @@ Invariants:
   so an unknown key is reported with the file that introduced it;
 - one key set twice on the command line is an error (files, by contrast, override each other by design);
 - a union section given without its tag (`--loss.low 0.3`) keeps the default variant's tag;
-- `--help` and `--dry-run` exit 0 and import nothing but the config schemas.
+- `--help` exits 0 and imports nothing but the config schemas; `--dry-run` too, besides what the
+  command's `check` imports (`rl`: every environment, to validate it before anything starts).
 """
 
 from __future__ import annotations
 
 import sys
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,8 +50,16 @@ T = TypeVar("T", bound=BaseModel)
 EXIT_USAGE = 2
 
 
-def parse_config(cls: type[T], argv: Sequence[str] | None = None, *, prog: str | None = None) -> T:
-    """Parse `argv` (default: sys.argv[1:]) into `cls`; handles `--help` / `--dry-run`, exits 2 on errors."""
+def parse_config(
+    cls: type[T],
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str | None = None,
+    check: Callable[[T], None] | None = None,
+) -> T:
+    """Parse `argv` (default: sys.argv[1:]) into `cls`; handles `--help` / `--dry-run`, exits 2 on errors.
+    `check(cfg)` runs on the validated config before `--dry-run` prints it (a command's checks of what
+    the schema cannot see, e.g. `rl` imports every environment): its ValueError is one error line too."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or Path(sys.argv[0]).name
     try:
@@ -64,6 +73,12 @@ def parse_config(cls: type[T], argv: Sequence[str] | None = None, *, prog: str |
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+    if check is not None:
+        try:
+            check(cfg)
+        except ValueError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE) from None
     if parsed.dry_run:
         print(dump_toml(cfg), end="")
         raise SystemExit(0)

@@ -40,7 +40,7 @@ from typing import Any
 from prime_async.config.dicts import deep_merge
 from prime_async.config.env import EnvBaseConfig
 from prime_async.engine_api import EngineClient, SamplingParams
-from prime_async.rollouts import inprocess_harness, inprocess_tools, prompt_limit, token_bridge
+from prime_async.rollouts import env_check, inprocess_harness, inprocess_tools, prompt_limit, token_bridge
 from prime_async.rollouts.gateway import Gateway, GatewayCall
 from prime_async.rollouts.renderer_choice import check_tools_renderer, choose_renderer
 from prime_async.rollouts.tasks import LazyTasks
@@ -98,26 +98,29 @@ def verifiers_env_config(env_cfg: EnvBaseConfig) -> dict[str, Any]:
     return deep_merge(raw, user)
 
 
-def resolve_verifiers_config(env_cfg: EnvBaseConfig) -> Any:
-    """`vf.resolve_env_config(verifiers_env_config(env_cfg))`; a key the environment does not declare
-    (or a bad value) raises one ValueError line naming it and where it came from."""
+def resolve_verifiers_config(env_cfg: EnvBaseConfig, *, key: str = "orchestrator.env") -> Any:
+    """`vf.resolve_env_config(verifiers_env_config(env_cfg))`; an unknown id (with the closest installed
+    ids), an env that fails to import, a key the environment does not declare or a bad value raises one
+    ValueError line naming the key under `key` and the config class it belongs to (`env_check.py`)."""
     import verifiers.v1 as vf
     from pydantic import ValidationError
 
     try:
         return vf.resolve_env_config(verifiers_env_config(env_cfg))
-    except ModuleNotFoundError as e:  # verifiers' message names the id and how plugins are found
-        raise ValueError(f"orchestrator.env.id {env_cfg.id!r}: {str(e).splitlines()[0]}") from None
+    except ModuleNotFoundError as e:
+        env_check.find_env(env_cfg.id, f"{key}.id")  # not installed: "did you mean"
+        cause = e.__cause__ if isinstance(e.__cause__, ModuleNotFoundError) else e
+        raise ValueError(
+            f"{key}.id {env_cfg.id!r}: the environment is installed but importing it failed: {cause}"
+        ) from None
     except ValidationError as e:
         err = e.errors()[0]
         loc = [str(x) for x in err["loc"]]
         where = "args" if loc and loc[0] == "taskset" else "config"
-        key = ".".join(loc[1:] if where == "args" else loc)
+        path = ".".join(loc[1:] if where == "args" else loc)
         more = f"; {e.error_count() - 1} more error(s)" if e.error_count() > 1 else ""
-        raise ValueError(
-            f"orchestrator.env.{where}.{key}: {err['msg']} (environment {env_cfg.id!r}, verifiers "
-            f"config {e.title}{more})"
-        ) from None
+        reason = env_check.describe_error(env_cfg, err)
+        raise ValueError(f"{key}.{where}.{path}: {reason} (environment {env_cfg.id!r}{more})") from None
 
 
 CANCELLED_KEPT = 4096  # cancelled episodes' lengths kept for the dispatcher to take (oldest forgotten)
