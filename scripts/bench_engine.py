@@ -6,7 +6,10 @@ Usage:
 
 The sides run alternately (`--repeats` rounds, order rotated each round) and the medians are printed:
 HF `generate`, the engine with `kernels = "dense"` (plain F.linear: the engine before oneDNN packing)
-and with `kernels = "packed"` (the default). All
+and with `kernels = "packed"` (the default), each with every `--decode-steps` (`inference.engine.decode_step`:
+eager = shapes follow the batch, static = padded to batch buckets, graphs = the static step replayed as
+CUDA graphs, auto = graphs on CUDA and static on CPU; with more than one, an engine is named
+`KERNELS-STEP`, e.g. `dense-eager dense-graphs`). All
 sample (temperature 1) `--new-tokens` tokens per request from `--prompt-len`-token prompts, ignoring EOS,
 with `--threads` torch threads; tokens/s counts generated tokens over wall time including prefill.
 Engines are driven in-process (no HTTP) with all requests of a round submitted at once.
@@ -21,7 +24,10 @@ matmul FLOPs per step / step time / peak (the limit at large batches), `matmul` 
 spent in matmul kernels (torch profiler; the rest is what fusing or compiling could still remove).
 On a machine shared with other jobs, `--clock cpu` times CPU seconds of this process instead of wall time.
 With `--device cuda` every tensor fed to the model is built on the model's device (`model_device`), the
-machine's limits are measured on that GPU, and each timed region ends with a CUDA synchronize.
+machine's limits are measured on that GPU, and each timed region ends with a CUDA synchronize. An engine
+that captures graphs first runs one untimed round of the same shape (its graphs are captured lazily, once
+per batch bucket and KV span); with graphs the `matmul` share is not measured (the kernels run inside the
+replay) and reads 0.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from prime_async.inference.sampler import SamplingParams
 from prime_async.utils.devices import model_device, on_model
 
 KERNELS = ("dense", "packed")
+DECODE_STEPS = ("auto", "eager", "static", "graphs")
 # --clock cpu: CPU seconds of this process, for a machine shared with other jobs (waiting for a core is not
 # counted; sharing caches and memory bandwidth still is)
 _CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -79,11 +86,18 @@ async def _engine_round(
     prompts = torch.randint(3, vocab, (batch, prompt_len), generator=gen).tolist()
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
     await engine.generate(prompts[0][:4], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+    if _captures(engine):  # capture every (bucket, span) this round replays, untimed
+        await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     start = _clock()
     outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     elapsed = _clock() - start
     assert all(len(o.output_ids) == new_tokens for o in outs)
     return batch * new_tokens / elapsed, (prompts, outs)
+
+
+def _captures(engine: Engine) -> bool:
+    static = engine.runner.static
+    return static is not None and static.capture is not None
 
 
 def max_logprob_error(model, round_: Round) -> float:
@@ -129,19 +143,19 @@ def step_costs(engine: Engine) -> tuple[int, int]:
     return nbytes, 2 * sum(p.weight.numel() for p in projections)
 
 
-def _fill_slots(engine: Engine, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fill_slots(engine: Engine, batch: int, length: int) -> tuple[list[int], list[int]]:
     prompts = [[3 + (slot + i) % 97 for i in range(length)] for slot in range(batch)]
     engine.runner.prefill(prompts, list(range(batch)))
-    device = model_device(engine.runner.model)
-    return torch.full((batch,), 5, device=device), torch.full((batch,), length, device=device)
+    return [5] * batch, [length] * batch
 
 
 def decode_step_time(engine: Engine, batch: int, length: int) -> tuple[float, float]:
-    """(median seconds of one decode step over `batch` slots at `length` positions, matmul share)."""
+    """(median seconds of one decode step over `batch` slots at `length` positions, matmul share), by the
+    engine's own decode path (`ModelRunner.decode_rows`: eager, static or graphs)."""
     ids, pos = _fill_slots(engine, batch, length)
-    step = lambda: engine.runner.decode(ids, pos, length + 1)  # noqa: E731
+    step = lambda: engine.runner.decode_rows(ids, pos)  # noqa: E731
     step()
-    seconds = _median_time(step, device=ids.device)
+    seconds = _median_time(step, device=model_device(engine.runner.model))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step()
     events = prof.key_averages()
@@ -182,13 +196,17 @@ def roofline_line(engine: Engine, batch: int, length: int, limits: tuple[float, 
 
 
 def build_engines(model_dir: Path, args) -> dict[str, Engine]:
+    """One engine per kernels x decode step, named by the kernels alone when one decode step is asked."""
     engines = {}
     for kernels in args.kernels:
-        engines[kernels] = Engine(
-            model_path=str(model_dir), device=args.device, max_running_requests=max(args.batches),
-            max_len=args.prompt_len + args.new_tokens + 8, num_threads=args.threads, kernels=kernels,
-        )  # fmt: skip
-        engines[kernels].start()
+        for step in args.decode_steps:
+            name = kernels if len(args.decode_steps) == 1 else f"{kernels}-{step}"
+            engines[name] = Engine(
+                model_path=str(model_dir), device=args.device, max_running_requests=max(args.batches),
+                max_len=args.prompt_len + args.new_tokens + 8, num_threads=args.threads, kernels=kernels,
+                dtype=args.dtype, decode_step=step,
+            )  # fmt: skip
+            engines[name].start()
     return engines
 
 
@@ -203,6 +221,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--clock", choices=sorted(_CLOCKS), default="wall", help="wall or CPU seconds")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), help="engines to run")
+    parser.add_argument(
+        "--decode-steps", nargs="+", choices=DECODE_STEPS, default=["auto"],
+        help="decode paths to run side by side (inference.engine.decode_step), e.g. eager graphs",
+    )  # fmt: skip
+    parser.add_argument("--dtype", default="auto", help="engine dtype: auto, float32 or bfloat16")
     return parser.parse_args()
 
 
@@ -225,7 +248,7 @@ def main() -> None:
     model = next(iter(engines.values())).runner.model
     print(f"model {model_dir} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params), "
           f"prompt {args.prompt_len}, new tokens {args.new_tokens}, threads {args.threads}, "
-          f"repeats {args.repeats}, clock {args.clock}; machine: "
+          f"repeats {args.repeats}, clock {args.clock}, dtype {args.dtype}; machine: "
           f"read {limits[0] / 1e9:.1f} GB/s, fp32 matmul {limits[1] / 1e9:.0f} GFLOP/s")  # fmt: skip
     names = list(engines)
     print(f"{'batch':>5} {'generate':>9} " + " ".join(f"{k:>9}" for k in names) + " "

@@ -56,3 +56,28 @@ def test_accuracy_check_and_decode_step_on_a_real_engine(bench, tiny_model_dir: 
         assert seconds > 0 and 0 <= matmul_share <= 1
     finally:
         engine.stop()
+
+
+def test_decode_steps_side_by_side(bench, tiny_model_dir: Path, monkeypatch) -> None:
+    """`--decode-steps eager static` builds one engine per path, named KERNELS-STEP, and the decode-step
+    timing runs each engine's own path (the static one through its StaticDecoder)."""
+    torch.set_num_threads(1)
+    argv = (
+        "bench_engine --batches 2 --kernels dense --decode-steps eager static --dtype float32 --new-tokens 8"
+    )
+    monkeypatch.setattr(sys, "argv", argv.split())
+    args = bench.parse_args()
+    engines = bench.build_engines(tiny_model_dir, args)
+    try:
+        assert list(engines) == ["dense-eager", "dense-static"]
+        assert engines["dense-eager"].runner.static is None
+        static = engines["dense-static"].runner.static
+        calls: list[int] = []
+        engines["dense-static"].runner.static = lambda ids, pos: calls.append(len(ids)) or static(ids, pos)
+        for engine in engines.values():
+            seconds, _ = bench.decode_step_time(engine, 2, 8)
+            assert seconds > 0
+        assert calls and set(calls) == {2}
+    finally:
+        for engine in engines.values():
+            engine.stop()
