@@ -9,7 +9,8 @@ HF `generate`, the engine with `kernels = "dense"` (plain F.linear: the engine b
 and with `kernels = "packed"` (the default), each with every `--decode-steps` (`inference.engine.decode_step`:
 eager = shapes follow the batch, static = padded to batch buckets, graphs = the static step replayed as
 CUDA graphs, auto = graphs on CUDA and static on CPU; with more than one, an engine is named
-`KERNELS-STEP`, e.g. `dense-eager dense-graphs`). All
+`KERNELS-STEP` with the step resolved, e.g. `--decode-steps eager auto`: `dense-eager dense-graphs` on CUDA,
+`dense-eager dense-static` on CPU). All
 sample (temperature 1) `--new-tokens` tokens per request from `--prompt-len`-token prompts, ignoring EOS,
 with `--threads` torch threads; tokens/s counts generated tokens over wall time including prefill.
 Engines are driven in-process (no HTTP) with all requests of a round submitted at once.
@@ -43,6 +44,7 @@ import torch
 
 from prime_async.inference.engine import Engine, RequestOutput
 from prime_async.inference.sampler import SamplingParams
+from prime_async.inference.static_decode import resolve_decode_step
 from prime_async.utils.devices import model_device, on_model
 
 KERNELS = ("dense", "packed")
@@ -196,11 +198,16 @@ def roofline_line(engine: Engine, batch: int, length: int, limits: tuple[float, 
 
 
 def build_engines(model_dir: Path, args) -> dict[str, Engine]:
-    """One engine per kernels x decode step, named by the kernels alone when one decode step is asked."""
+    """One engine per kernels x decode step, named by the kernels alone when one decode step is asked, else
+    KERNELS-STEP with the step resolved on this device (`auto` reads `graphs` on CUDA, `static` on CPU)."""
     engines = {}
+    device = torch.device(
+        args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    )
     for kernels in args.kernels:
         for step in args.decode_steps:
-            name = kernels if len(args.decode_steps) == 1 else f"{kernels}-{step}"
+            resolved = resolve_decode_step(step, device)
+            name = kernels if len(args.decode_steps) == 1 else f"{kernels}-{resolved}"
             engines[name] = Engine(
                 model_path=str(model_dir), device=args.device, max_running_requests=max(args.batches),
                 max_len=args.prompt_len + args.new_tokens + 8, num_threads=args.threads, kernels=kernels,

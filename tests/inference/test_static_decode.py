@@ -87,14 +87,29 @@ class RecordingCapture:
 
 
 def _runner(model_dir: Path, step: str, **kw) -> ModelRunner:
-    kw = {"num_slots": 8, "max_len": 64, "chunk": 16, **kw}
-    return ModelRunner(model_path=str(model_dir), dtype="float32", device="cpu", decode_step=step, **kw)
+    kw = {"num_slots": 8, "max_len": 64, "chunk": 16, "device": "cpu", **kw}
+    return ModelRunner(model_path=str(model_dir), dtype="float32", decode_step=step, **kw)
 
 
 def _recording(runner: ModelRunner, buckets: list[int] | None = None) -> RecordingCapture:
     capture = RecordingCapture()
     runner.static = StaticDecoder(runner, buckets, capture)
     return capture
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rms_norm_equals_the_hand_written_one(dtype: torch.dtype) -> None:
+    """CUDA runs RMSNorm by F.rms_norm (one kernel); the same function on CPU equals the hand-written CPU
+    norm (HF's math): fp32 within 1e-6, bf16 within one rounding of the output."""
+    from prime_async.inference.model_runner import _rms_norm, _rms_norm_fused
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(5, 6, 64, generator=g) * 3).to(dtype)
+    for weight in (None, (1 + torch.randn(6, 64, generator=g)).to(dtype)):
+        want, got = _rms_norm(x, weight, 1e-6), _rms_norm_fused(x, weight, 1e-6)
+        assert got.dtype == want.dtype == dtype
+        rel = 1e-6 if dtype == torch.float32 else 2**-8
+        torch.testing.assert_close(got.float(), want.float(), rtol=rel, atol=1e-6)
 
 
 def test_buckets_spans_and_modes() -> None:
@@ -131,6 +146,16 @@ def test_static_step_equals_eager_step_at_every_batch_size(request, model: str) 
     model_dir = request.getfixturevalue(model)
     eager, static = _runner(model_dir, "eager"), _runner(model_dir, "static")
     capture = _recording(static)
+    worst, steps = _steps_against_eager(eager, static)
+    assert worst < TOL
+    assert static.capacity == 64 and static.cache_generation == 3  # grew twice after the first chunk
+    assert capture.replays == steps and capture.captures < steps // 2
+    assert static.static.num_captures == capture.captures
+
+
+def _steps_against_eager(eager: ModelRunner, static: ModelRunner) -> tuple[float, int]:
+    """Largest |logprob| difference of `static`'s steps from `eager`'s (MoE routes asserted equal) over
+    batches of 7, 6, 5, 3, 2, 1 rows, from prompts of 2..9 tokens to 60 positions; and the step count."""
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, eager.vocab_size, (60,), generator=g).tolist() for _ in range(7)]
     pos = [7, 5, 9, 3, 4, 6, 2]
@@ -150,10 +175,35 @@ def test_static_step_equals_eager_step_at_every_batch_size(request, model: str) 
                     assert torch.equal(got_routes, want_routes)
                 pos[:batch] = [p + 1 for p in pos[:batch]]
                 steps += 1
-    assert worst < TOL
-    assert static.capacity == 64 and static.cache_generation == 3  # grew twice after the first chunk
-    assert capture.replays == steps and capture.captures < steps // 2
-    assert static.static.num_captures == capture.captures
+    return worst, steps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_moe_model_dir"])
+def test_cuda_graphs_equal_eager_on_cuda(request, model: str) -> None:
+    """On CUDA (the GPU check), real CUDA graphs: the same steps as on CPU give the eager step's logprobs
+    (fp32, TF32 off) and routes; after a weight load the replays (no re-capture) compute the new weights'
+    logprobs."""
+    model_dir = request.getfixturevalue(model)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        eager, graphs = (_runner(model_dir, step, device="cuda") for step in ("eager", "graphs"))
+        worst, _ = _steps_against_eager(eager, graphs)
+        assert worst < 1e-4 and graphs.static.num_captures > 0 and graphs.static.capture is not None
+        gen = torch.Generator().manual_seed(5)
+        new = {
+            k: v + 0.01 * torch.randn(v.shape, generator=gen).to(v)
+            for k, v in eager.model.state_dict().items()
+        }
+        captured = graphs.static.num_captures
+        for runner in (eager, graphs):
+            runner.load_state(new, source="test")
+        worst, _ = _steps_against_eager(eager, graphs)
+        assert worst < 1e-4 and graphs.static.capture is not None
+        assert graphs.static.num_captures == captured  # the cache stayed (64 = max_len): no re-capture
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def test_a_replay_after_a_weight_load_uses_the_new_weights(tiny_model_dir: Path) -> None:

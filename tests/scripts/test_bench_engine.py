@@ -59,12 +59,10 @@ def test_accuracy_check_and_decode_step_on_a_real_engine(bench, tiny_model_dir: 
 
 
 def test_decode_steps_side_by_side(bench, tiny_model_dir: Path, monkeypatch) -> None:
-    """`--decode-steps eager static` builds one engine per path, named KERNELS-STEP, and the decode-step
-    timing runs each engine's own path (the static one through its StaticDecoder)."""
+    """`--decode-steps eager auto` builds one engine per path, named KERNELS-STEP (auto: static on CPU), and
+    the decode-step timing runs each engine's own path (the static one through its StaticDecoder)."""
     torch.set_num_threads(1)
-    argv = (
-        "bench_engine --batches 2 --kernels dense --decode-steps eager static --dtype float32 --new-tokens 8"
-    )
+    argv = "bench_engine --batches 2 --kernels dense --decode-steps eager auto --dtype float32 --new-tokens 8"
     monkeypatch.setattr(sys, "argv", argv.split())
     args = bench.parse_args()
     engines = bench.build_engines(tiny_model_dir, args)
