@@ -92,6 +92,10 @@ def test_episode_fits_measures_whole_episodes_not_first_prompts() -> None:
         env_error="prompt_too_long", overflow_turn=1, overflow_prompt_tokens=90
     )
     assert episode_fits([refused], seq_len=60, max_tokens=16).passed is None  # prompt_fits' failure
+    clamped = Probe(7, [_episode([1] * 60, {59})], [_call([1] * 50, [2] * 10)])
+    clamped.episodes[0].overlong = True
+    clamped.episodes[0].metrics.update(overflow_turn=1, overflow_prompt_tokens=50)
+    assert episode_fits([clamped], seq_len=60, max_tokens=16).passed is None  # the first turn's, too
 
 
 def test_mismatch_limit_and_k0_metrics() -> None:

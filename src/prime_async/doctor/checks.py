@@ -169,7 +169,8 @@ def _episode_length(probe: Probe) -> int:
 
 def episode_fits(probes: list[Probe], *, seq_len: int, max_tokens: int | None) -> CheckResult:
     """Whole episodes, every turn: no probe episode outgrew `seq_len` (`Episode.overlong`: a later turn's
-    prompt refused, or a reply clamped at seq_len); the longest episode against seq_len."""
+    prompt refused, or a reply clamped at seq_len); the longest episode against seq_len. Skipped when only
+    first turns outgrew it: `prompt_fits` checks the first turn (prompt + max_tokens) and names the fix."""
     name = "longest episode fits seq_len"
     if not probes:
         return CheckResult(name, None, "no episode was run")
@@ -179,9 +180,11 @@ def episode_fits(probes: list[Probe], *, seq_len: int, max_tokens: int | None) -
         f"longest episode {_episode_length(longest)} tokens (example {longest.example_id}, {turns} turns)"
     )
     over = [(p, e) for p in probes for e in p.episodes if e.overlong]
-    later = [(p, e) for p, e in over if e.metrics.get("env_error") != "prompt_too_long"]
-    if over and not later:  # only first prompts refused: `prompt_fits` names the fix
-        return CheckResult(name, None, f"no episode got past its first prompt ({len(over)} refused)")
+    later = [(p, e) for p, e in over if e.metrics.get("overflow_turn") != 1]
+    if over and not later:  # only first turns: `prompt_fits` is that check and names the fix
+        return CheckResult(
+            name, None, f"only first turns outgrew seq_len ({len(over)}): see the prompt check"
+        )
     if not over:
         return CheckResult(name, True, f"{detail}, seq_len {seq_len}")
     over = later
