@@ -63,17 +63,20 @@ def test_seats_get_runner_defaults_and_user_overrides() -> None:
 @pytest.mark.parametrize(
     ("env_cfg", "message"),
     [
-        (EnvConfig(id="word-chain", config={"roundz": 2}), "orchestrator.env.config.roundz: Extra inputs"),
+        (EnvConfig(id="word-chain", config={"roundz": 2}), "orchestrator.env.config.roundz: unknown key"),
         (
             EnvConfig(id="word-chain", config={"first": {"max_turnz": 2}}),
             "orchestrator.env.config.first.max_turnz",
         ),
-        (EnvConfig(id="word-chain", args={"sed": 2}), "orchestrator.env.args.sed: Extra inputs"),
+        (EnvConfig(id="word-chain", args={"sed": 2}), "orchestrator.env.args.sed: unknown key"),
         (
             EnvConfig(id="reverse-text", config={"taskset": {}}),
             "set the taskset's fields in orchestrator.env.args",
         ),
-        (EnvConfig(id="no-such-env"), "orchestrator.env.id 'no-such-env': taskset 'no-such-env' not found"),
+        (
+            EnvConfig(id="no-such-env"),
+            "orchestrator.env.id 'no-such-env': no installed environment has this id",
+        ),
     ],
 )
 def test_wrong_key_is_one_line_naming_it(env_cfg: EnvConfig, message: str) -> None:
