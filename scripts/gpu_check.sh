@@ -74,6 +74,10 @@ add rl_filesystem a 90 always "$(rl_run rl_filesystem 8 --weights.transport file
 add rl_shared a 90 always "$(rl_run rl_shared 8 --weights.transport shared --trainer.mem-fraction 0.5 \
   --inference.engine.mem-fraction 0.4)"
 add rl_distributed a 90 gpus2 "$(rl_run rl_distributed 8 --weights.transport distributed --weights.master-port 0)"
+# the shared-device path into a real engine, compared bit for bit with filesystem (CUDA IPC on a GPU)
+add shared_weights a 60 always "$PYTEST --timeout 55 tests/inference/test_distributed_weights.py -m 'gpu or not gpu' -k shared"
+# the embedded engine's static decode step and its CUDA graphs (inference.engine.decode_step = auto: graphs on CUDA)
+add static_decode a 60 always "$PYTEST --timeout 55 tests/inference/test_static_decode.py -m 'gpu or not gpu'"
 add conformance b 150 always "$PYTEST --timeout 140 tests/inference/test_conformance.py -m 'gpu or not gpu' -k embedded"
 add conformance_sglang b 150 sglang "$PYTEST --timeout 140 tests/inference/test_conformance.py -m 'gpu or not gpu' -k sglang"
 add moe_replay b 90 always "$RL @ configs/tiny/rl_moe.toml --max-steps 6 --output-dir $WORK/moe_replay $RL_PORTS \
@@ -85,8 +89,11 @@ add megatron_rl_ckpt c 100 always "$RL @ configs/tiny/rl.toml --max-steps 4 --ou
 --trainer.backend megatron --trainer.ckpt.interval 3 && test -f $WORK/megatron_rl_ckpt/checkpoints/trainer/step_3/COMPLETE \
 && echo -n 'checkpoint step_3 COMPLETE; ' && $PY scripts/gpu/run_summary.py $WORK/megatron_rl_ckpt --steps 4"
 add megatron_tests c 200 always "$PYTEST --timeout 190 tests/megatron/test_megatron_backend.py tests/megatron/test_megatron_checkpoint.py -m 'gpu or not gpu'"
-add bench_engine z 45 always "$PY scripts/bench_engine.py --model-dir $BENCH_MODEL --device $DEV --batches 1 8 \
---new-tokens 32 --repeats 1"
+# eager beside the default decode step (graphs on CUDA, static on --cpu), fp32 then bf16
+add bench_engine z 50 always "$PY scripts/bench_engine.py --model-dir $BENCH_MODEL --device $DEV --batches 1 8 \
+--new-tokens 32 --repeats 1 --kernels dense --decode-steps eager auto --dtype float32"
+add bench_engine_bf16 z 50 always "$PY scripts/bench_engine.py --model-dir $BENCH_MODEL --device $DEV --batches 1 8 \
+--new-tokens 32 --repeats 1 --kernels dense --decode-steps eager auto --dtype bfloat16"
 add bench_trainer z 60 always "$PY scripts/bench_trainer.py --device $DEV --shape $TRAINER_SHAPE --backends fsdp megatron \
 --steps 2 --rows $TRAINER_ROWS"
 for e in "${EXTRA[@]}"; do add "${e%%=*}" z 60 always "${e#*=}"; done
@@ -151,7 +158,7 @@ kill_tagged() {  # every process still carrying GPU_CHECK_TAG=$1 or $1.* (a chec
 
 detail_of() {  # DETAIL of check $2 from its log $1: bench_engine's tokens/s by batch, pytest's summary,
   local log=$1 line  # else the last non-empty line; at most 110 characters
-  if [ "${2:-}" = bench_engine ]; then  # "batch  generate  dense  packed  dense/gen ..." rows: the tok/s
+  if [[ "${2:-}" == bench_engine* ]]; then  # "batch  generate  dense  packed  dense/gen ..." rows: the tok/s
     line=$(awk '/^batch / { h = $2; for (i = 3; i <= NF && $i !~ /\//; i++) h = h "/" $i }
                 /^ +[0-9]+ +[0-9.]+ / { v = $2; for (i = 3; i <= NF && $i !~ /x$/; i++) v = v "/" $i
                                         s = s sep "b" $1 " " v; sep = ", " }
@@ -219,7 +226,7 @@ run_lane() { local n; for n in $(lane_names "$1"); do run_check "$n" "$(index_of
 
 [ -n "$wheels" ] && export PYTHONPATH="$REPO/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
 run_lane 0 $((T0 + 130))
-phase1_end=$((T0 + budget - 115))  # the lanes; then 110 s for the benchmarks
+phase1_end=$((T0 + budget - 165))  # the lanes; then 160 s for the benchmarks
 for lane in a b c; do run_lane "$lane" "$phase1_end" & done
 wait
 run_lane z $((T0 + budget - 5))

@@ -37,9 +37,10 @@ def test_dry_run_lists_every_check_with_its_command() -> None:
     assert proc.returncode == 0, proc.stderr
     lines = {line.split(" | ")[0]: line for line in proc.stdout.splitlines()[1:]}
     assert list(lines) == [
-        "install", "models", "versions", "rl_filesystem", "rl_shared", "rl_distributed", "conformance",
-        "conformance_sglang", "moe_replay", "router_replay_tests", "megatron_gpu", "megatron_rl_ckpt",
-        "megatron_tests", "bench_engine", "bench_trainer",
+        "install", "models", "versions", "rl_filesystem", "rl_shared", "rl_distributed", "shared_weights",
+        "static_decode", "conformance", "conformance_sglang", "moe_replay", "router_replay_tests",
+        "megatron_gpu", "megatron_rl_ckpt", "megatron_tests", "bench_engine", "bench_engine_bf16",
+        "bench_trainer",
     ]  # fmt: skip
     assert "--weights.transport shared" in lines["rl_shared"]
     assert (
@@ -51,6 +52,8 @@ def test_dry_run_lists_every_check_with_its_command() -> None:
     assert "--router-replay true" in lines["moe_replay"] and "moe/routing_agreement" in lines["moe_replay"]
     assert "| gpu |" in lines["megatron_gpu"] and "--trainer.backend megatron" in lines["megatron_rl_ckpt"]
     assert "--device cuda" in lines["bench_engine"] and "--device cuda" in lines["bench_trainer"]
+    assert "--decode-steps eager auto --dtype bfloat16" in lines["bench_engine_bf16"]
+    assert "test_static_decode.py" in lines["static_decode"] and "-k shared" in lines["shared_weights"]
     cpu = _run("--dry-run", "--cpu", "--timeout", "conformance=7")
     assert "--device cpu" in cpu.stdout and "conformance | b | 7 |" in cpu.stdout
 
