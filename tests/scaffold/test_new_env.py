@@ -1,5 +1,5 @@
 """`new-env`: the files it writes for every kind (lint-clean, importable, their own tests pass), the
-workspace registration, the refusals, and the committed matrix env being exactly its output."""
+workspace registration, the refusals, and environments/higher_lower being exactly its output."""
 
 from __future__ import annotations
 
@@ -159,8 +159,8 @@ def test_refusals_exit_2_with_one_line(argv: list[str], message: str, tmp_path: 
     assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_the_matrix_env_is_exactly_what_new_env_writes() -> None:
-    """environments/higher_lower (the matrix's multi-turn env) is `new-env higher-lower --multi-turn`."""
+def test_higher_lower_is_exactly_what_new_env_writes() -> None:
+    """environments/higher_lower (the guess-the-number env) is `new-env higher-lower --multi-turn`."""
     files = render("higher-lower", "multi_turn")
     on_disk = ROOT / "environments" / "higher_lower"
     written = {p: (on_disk / p).read_text() for p in files}
