@@ -13,5 +13,6 @@ run calculator @ configs/tiny/rl.toml --env calculator --sync-steps 0
 run calculator-tools @ configs/tiny/rl.toml --env calculator-tools --seq_len 1024 \
   --orchestrator.sampling.max_tokens 24 --sync-steps 0
 run word-chain @ configs/tiny/rl.toml --env word-chain --seq_len 512 --sync-steps 0
+run higher-lower @ environments/higher_lower/rl_tiny.toml --sync-steps 0
 run echo-text @ configs/echo_text/rl.toml
 run lookup-agent @ configs/lookup_agent/rl.toml --sync-steps 0
