@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from prime_async.config.loader import parse_config
+from prime_async.config.rl import RLConfig
 from prime_async.entrypoints.new_env import main
 from prime_async.scaffold.render import KINDS, names, render
 from prime_async.scaffold.workspace import register, workspace_of
@@ -58,7 +60,7 @@ def test_names_and_bad_input() -> None:
         render("x", "seats", seats=1)
 
 
-def test_every_kind_writes_the_same_complete_package() -> None:
+def test_every_kind_writes_the_same_complete_package(tmp_path: Path) -> None:
     for kind in KINDS:
         files = render("guess-number", kind)
         assert files == render("guess-number", kind), "render is a pure function"
@@ -70,6 +72,9 @@ def test_every_kind_writes_the_same_complete_package() -> None:
         assert project["name"] == "guess-number" and project["dependencies"] == ["verifiers>=0.4.0"]
         rl = tomllib.loads(files["rl_tiny.toml"])
         assert rl["orchestrator"]["env"]["id"] == "guess-number" and rl["model"]["build"] == "tiny"
+        (tmp_path / "rl.toml").write_text(files["rl_tiny.toml"])
+        cfg = parse_config(RLConfig, ["@", str(tmp_path / "rl.toml")], prog="rl")  # as `rl` reads it
+        assert [env.id for env in cfg.orchestrator.envs] == ["guess-number"], kind
         assert "${" not in "".join(files.values()), kind
 
 
