@@ -17,6 +17,11 @@ Invariants:
   `seq_len` is answered with zero tokens and `finish_reason="length"` (the session is marked truncated);
 - a session whose sampling has a `seed` sends its k-th call (k = 0, 1, ... in issue order) with
   `sampling_seed = call_seed(seed, k)`, overriding any seed of the request (deterministic runs);
+- a call an engine outage failed (EngineUnavailable: refused, reset, the engine killed) is reported to
+  the gate; when the gate retries outages (a weight watcher ends them, `request_gate.py`) it is held until
+  the engines are back and sent again with the same prompt and sampling (the same `sampling_seed`), under
+  the outage's deadline; the failed attempt's partial output is discarded, so a session records one call
+  per answered request, as without the outage;
 - a cancelled session's in-flight requests are aborted on its engine and later calls are refused (409);
 - a session opened with `replay` (calls recorded in an earlier lifetime, `rollouts/replay.py`) answers a
   request whose prompt ids equal a recorded call's from that record, and continues a recorded partial
@@ -137,6 +142,7 @@ def vllm_response(result: GenerateResult, rid: str) -> dict[str, Any]:
     }
 
 
+OUTAGE_RETRIES = 3  # times one call is sent again after an engine outage failed it
 CANCEL_PARTIAL_TIMEOUT_S = 2.0  # how long a cancel waits for an aborted request's partial output
 
 
@@ -171,6 +177,7 @@ class Gateway:
         self._server: Any = None
         self._serve_task: asyncio.Task[None] | None = None
         self.num_requests = 0
+        self.num_outage_retries = 0  # calls held and sent again after an engine outage (cumulative)
         self.num_model_list_requests = 0  # GET /v1/models (renderers' prompt-limit lookup)
         self.last_answer: dict[str, float] = {}  # engine URL -> time.monotonic() of its last answer
         # The run's one gate in front of these engines (weights/request_gate.py): closed by the weight
@@ -303,6 +310,55 @@ class Gateway:
         self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str,
         *, record: bool = True,
     ) -> GenerateResult:  # fmt: skip
+        """One model call on the session's engine. A call an engine outage failed (EngineUnavailable) is
+        reported to the gate and, when the gate retries outages, held until the engines are back and sent
+        again with the same prompt and sampling (same `sampling_seed`), at most `OUTAGE_RETRIES` times
+        and within the outage's deadline; the failed attempt's partial output is discarded (never
+        recorded)."""
+        engine = self.engines[session.engine_index]
+        for attempt in range(OUTAGE_RETRIES + 1):
+            try:
+                result = await self._send(
+                    session, prompt_ids, sampling, rid if attempt == 0 else f"{rid}-r{attempt}"
+                )
+                break
+            except GatewayError:
+                raise
+            except EngineUnavailable as e:
+                self.gate.engine_failed(e)
+                if not self.gate.retries_outages or attempt == OUTAGE_RETRIES or session.cancelled:
+                    session.num_errors += 1
+                    raise GatewayError(
+                        502, f"engine {engine.base_url} failed: {type(e).__name__}: {e}"
+                    ) from e
+                await self._wait_engines(session, engine, e)
+            except Exception as e:
+                session.num_errors += 1
+                raise GatewayError(502, f"engine {engine.base_url} failed: {type(e).__name__}: {e}") from e
+        self.last_answer[engine.base_url] = time.monotonic()
+        bad = [lp for lp in result.output_logprobs if not math.isfinite(lp)]
+        if len(result.output_logprobs) != len(result.output_ids) or bad:
+            session.num_errors += 1
+            raise GatewayError(502, f"engine {engine.base_url} returned misaligned or non-finite logprobs")
+        if record:
+            self._record(session, prompt_ids, result)
+        return result
+
+    async def _wait_engines(self, session: GatewaySession, engine: EngineClient, error: Exception) -> None:
+        """Hold a call an outage failed until the gate says the engines are back (its deadline)."""
+        self.num_outage_retries += 1
+        logger.info("episode %s: model call failed by an outage of %s (%s): retried once the engines are "
+                    "back", session.engine_key, engine.base_url, error)  # fmt: skip
+        try:
+            await self.gate.wait_engines(f"episode {session.engine_key}'s model call")
+        except EngineUnavailable as e:
+            session.num_errors += 1
+            raise GatewayError(502, f"engine {engine.base_url} failed: {e}") from e
+
+    async def _send(
+        self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str
+    ) -> GenerateResult:
+        """Send one request through the gate; `rid` is in `session.inflight` while it runs."""
         engine = self.engines[session.engine_index]
         session.inflight.add(rid)
         try:
@@ -313,26 +369,11 @@ class Gateway:
                     await self._stopped()  # a planned stop: nothing new reaches an engine
                 self._at_engine.add(rid)
                 try:
-                    result = await engine.generate(prompt_ids, sampling, rid=rid)
+                    return await engine.generate(prompt_ids, sampling, rid=rid)
                 finally:
                     self._at_engine.discard(rid)
-        except GatewayError:
-            raise
-        except Exception as e:
-            session.num_errors += 1
-            if isinstance(e, EngineUnavailable):
-                self.gate.engine_failed(e)
-            raise GatewayError(502, f"engine {engine.base_url} failed: {type(e).__name__}: {e}") from e
         finally:
             session.inflight.discard(rid)
-        self.last_answer[engine.base_url] = time.monotonic()
-        bad = [lp for lp in result.output_logprobs if not math.isfinite(lp)]
-        if len(result.output_logprobs) != len(result.output_ids) or bad:
-            session.num_errors += 1
-            raise GatewayError(502, f"engine {engine.base_url} returned misaligned or non-finite logprobs")
-        if record:
-            self._record(session, prompt_ids, result)
-        return result
 
     def _mark_ending(self, session: GatewaySession, prompt_ids: list[int], finish: str, n_out: int) -> None:
         """What a call's end says about its episode, the same for a sampled call and a replayed one: an

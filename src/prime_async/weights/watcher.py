@@ -31,10 +31,14 @@ only increase; an engine error answer fails `run()` (supervised by the main loop
 
 Engine outage (e.g. the inference process died and the `rl` launcher restarts it): a transport-level
 failure (connection refused/reset, timeout) seen by an update or reported by the gateway
-(`engine_failed`) holds admission at once (no new groups are sent into a dead engine; episodes already
-in flight end as errors and are retried), then `run()` polls `/health` of every engine with exponential
-backoff, releases admission when all answer, and retries the newest broadcast (the restarted engine
-may serve an older or newer version than `served_version`; loading the newest makes them agree).
+(`engine_failed`) holds admission at once (no new groups are sent into a dead engine) and marks the
+request gate down: the gateway holds a model call the outage failed and sends it again (same prompt,
+same seed; its partial output discarded) once `_recover` calls `engines_back()`, so the episodes in
+flight go on (`rollouts/gateway.py`; with a `WeightLoader`, whose restarted engine must reload before it
+serves the run's weights, they end as errors and are retried). `run()` polls `/health` of every engine
+with exponential backoff, releases admission and the held calls when all answer, and retries the newest
+broadcast (the restarted engine may serve an older or newer version than `served_version`; loading the
+newest makes them agree; the tokens record the version each was sampled with).
 """
 
 from __future__ import annotations
@@ -167,7 +171,9 @@ class WeightWatcher:
         self.loader = loader  # None: the broadcast directory and /update_weights_from_disk
         self.request_gate = request_gate  # the gateways' one gate (request_gate.py): step 5, outages
         if request_gate is not None:
-            request_gate.watch_outages(self.engine_failed)
+            # filesystem weights: a restarted engine starts with the newest broadcast (launcher/restart.py),
+            # so calls can be retried once /health answers; a loader's restarted engine reloads first
+            request_gate.watch_outages(self.engine_failed, retry=loader is None)
         self.broadcasts = broadcasts
         self.admission = admission
         self.groups = groups
@@ -208,6 +214,8 @@ class WeightWatcher:
             self._down_since = self.clock()
             self._outages += 1
             self.admission.hold()
+            if self.request_gate is not None:
+                self.request_gate.mark_down()  # model calls are held too (retried when it is back)
             logger.warning("engine unreachable (%s: %s): dispatch held until /health answers",
                            type(error).__name__, error)  # fmt: skip
         self._wake.set()
@@ -230,6 +238,8 @@ class WeightWatcher:
             self.loader.engines_restarted()
             self._reload = True  # a restarted engine rejoins and gets the newest version, served or not
         self.admission.release()
+        if self.request_gate is not None:
+            self.request_gate.engines_back()  # the held model calls are sent again
         logger.warning("engines healthy again after %.1f s down: dispatch resumed", down)
 
     async def run(self) -> None:
