@@ -57,3 +57,52 @@ def test_outage_rejoins_and_resends_the_served_version(mode: str, monkeypatch) -
     asyncio.run(main())
     assert loader.calls == [("load", 2), ("rejoin", -1), ("load", 2)]
     assert admission.served_version == 2
+
+
+class HeldGroups(FakeDispatcher):
+    """Groups whose model calls are held at the gate: they cannot finish before the gate reopens."""
+
+    def __init__(self, gate) -> None:
+        self.gate = gate
+
+    async def wait_idle(self) -> None:
+        await self.gate._up.wait()
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place", "drain"])
+def test_held_calls_go_on_only_after_the_restarted_engine_reloaded(mode: str, monkeypatch) -> None:
+    """With a request gate (the gateways'), a loader's restarted engine reloads the newest version before
+    the held model calls are released, and the reload does not wait for the held groups (drain)."""
+    from prime_async.weights.request_gate import RequestGate
+
+    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
+    monkeypatch.setattr(ww, "BACKOFF_MAX_S", 0.04)
+    engine, admission, loader, gate = FakeEngine(), FakeAdmission(), RecordingLoader(latest=2), RequestGate()
+    engine.up = True
+    watcher = ww.WeightWatcher(
+        engines=[engine], broadcasts=None, admission=admission, groups=HeldGroups(gate), pause_mode=mode,
+        update_interval=1, poll_interval_s=60.0, loader=loader, request_gate=gate,
+    )  # type: ignore[arg-type]  # fmt: skip
+    up_at_reload: list[bool] = []
+    load = loader.load
+
+    async def recording_load(engines, version: int, *, flush_cache: bool) -> None:
+        up_at_reload.append(gate.engines_up)
+        await load(engines, version, flush_cache=flush_cache)
+
+    loader.load = recording_load  # type: ignore[method-assign]
+
+    async def main() -> None:
+        task = asyncio.create_task(watcher.run())
+        await _until(lambda: admission.served_version == 2)
+        engine.up = False
+        gate.engine_failed(EngineUnavailable("connection refused"))  # what the gateway calls
+        assert not gate.engines_up and admission.holds == 1
+        await _until(lambda: engine.health_checks >= 2)
+        engine.up = True
+        await _until(lambda: gate.engines_up, timeout_s=5.0)
+        task.cancel()
+
+    asyncio.run(main())
+    assert loader.calls == [("load", 2), ("rejoin", -1), ("load", 2)]
+    assert up_at_reload == [True, False]  # the reload ran while the calls were still held

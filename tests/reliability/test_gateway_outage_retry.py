@@ -50,8 +50,9 @@ class Engine:
             if self.hang:
                 await asyncio.sleep(3600)
             meta = {
-                "id": body.get("rid"), "finish_reason": {"type": "stop"}, "prompt_tokens": len(body["input_ids"]),
-                "output_token_logprobs": [[-0.5, t, None] for t in self.answer], "weight_version": "0",
+                "id": body.get("rid"), "finish_reason": {"type": "stop"},
+                "prompt_tokens": len(body["input_ids"]), "weight_version": "0",
+                "output_token_logprobs": [[-0.5, t, None] for t in self.answer],
             }  # fmt: skip
             return JSONResponse({"output_ids": self.answer, "meta_info": meta})
 

@@ -34,8 +34,9 @@ failure (connection refused/reset, timeout) seen by an update or reported by the
 (`engine_failed`) holds admission at once (no new groups are sent into a dead engine) and marks the
 request gate down: the gateway holds a model call the outage failed and sends it again (same prompt,
 same seed; its partial output discarded) once `_recover` calls `engines_back()`, so the episodes in
-flight go on (`rollouts/gateway.py`; with a `WeightLoader`, whose restarted engine must reload before it
-serves the run's weights, they end as errors and are retried). `run()` polls `/health` of every engine
+flight go on (`rollouts/gateway.py`; with a `WeightLoader`, whose restarted engine starts with the
+initial model, `engines_back()` waits for its reload: the newest version, or in deterministic runs the
+served one, loaded without waiting for the held groups). `run()` polls `/health` of every engine
 with exponential backoff, releases admission and the held calls when all answer, and retries the newest
 broadcast (the restarted engine may serve an older or newer version than `served_version`; loading the
 newest makes them agree; the tokens record the version each was sampled with).
@@ -171,9 +172,8 @@ class WeightWatcher:
         self.loader = loader  # None: the broadcast directory and /update_weights_from_disk
         self.request_gate = request_gate  # the gateways' one gate (request_gate.py): step 5, outages
         if request_gate is not None:
-            # filesystem weights: a restarted engine starts with the newest broadcast (launcher/restart.py),
-            # so calls can be retried once /health answers; a loader's restarted engine reloads first
-            request_gate.watch_outages(self.engine_failed, retry=loader is None)
+            # the watcher ends outages (engines_back): the gateways hold and retry the calls they failed
+            request_gate.watch_outages(self.engine_failed, retry=True)
         self.broadcasts = broadcasts
         self.admission = admission
         self.groups = groups
@@ -238,7 +238,9 @@ class WeightWatcher:
             self.loader.engines_restarted()
             self._reload = True  # a restarted engine rejoins and gets the newest version, served or not
         self.admission.release()
-        if self.request_gate is not None:
+        if self.request_gate is not None and not self._reload:
+            # filesystem weights: the restarted engine serves the newest broadcast (launcher/restart.py);
+            # a loader's restarted engine gets the run's weights first (run(): the reload, then this)
             self.request_gate.engines_back()  # the held model calls are sent again
         logger.warning("engines healthy again after %.1f s down: dispatch resumed", down)
 
@@ -253,17 +255,26 @@ class WeightWatcher:
             if latest is not None and (due or (self._reload and latest >= self.served_version)):
                 # deterministic: every version in turn (a restarted engine reloads the served one)
                 target = latest if self.schedule is None or not due else self.served_version + 1
+                if self._reload and self.schedule is not None:  # the held calls' version first
+                    target, due = self.served_version, False
                 try:
                     await self.update_to(target, force=not due)
+                    self._engines_back()
                 except EngineUnavailable as e:
                     if self._drain_held:
                         self._drain_held = False
                         self.admission.release()
                     self.engine_failed(e)
                 continue
+            self._engines_back()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):  # a poll timeout is the normal case
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
+
+    def _engines_back(self) -> None:
+        """After an outage, once the restarted engines serve the run's weights: the held calls go on."""
+        if self.request_gate is not None and not self.request_gate.engines_up and not self._engine_down:
+            self.request_gate.engines_back()
 
     def latest(self) -> int | None:
         """Newest version the trainer made available (announced, or STABLE on disk)."""
@@ -301,7 +312,12 @@ class WeightWatcher:
         if self.pause_mode == "drain":
             self.admission.hold()
             self._drain_held = True
-            await self.groups.wait_idle()
+            if self.request_gate is not None and not self.request_gate.engines_up:
+                # restarted engines' reload: the groups' calls are held at the gate until it is done,
+                # so only the calls running on surviving engines are waited for
+                await self.request_gate.wait_idle()
+            else:
+                await self.groups.wait_idle()
             # the trainer went on while the engines drained: load its newest version (the one asked for
             # may be gone from the trainer's memory or the broadcast retention); deterministic runs load
             # every version in turn
