@@ -146,7 +146,7 @@ def test_second_run_on_default_ports_is_refused(tiny_model_dir: Path, tmp_path: 
     first = _start_embedded_rl(tmp_path / "a", tiny_model_dir, mark, steps=50)
     # rl starts the orchestrator with the engines: run A holds the default ports once its engine answers
     try:
-        wait_healthy("http://127.0.0.1:30000", first, timeout_s=120)
+        wait_healthy("http://127.0.0.1:30000", first, timeout_s=240)  # rl checks every env first
     except BaseException:
         first.kill()
         raise
