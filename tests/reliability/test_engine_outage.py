@@ -139,3 +139,43 @@ def test_gateway_report_holds_dispatch_until_health(monkeypatch) -> None:
 
     asyncio.run(main())
     assert watcher.window_metrics()["engine/outages"] == 1
+
+
+class BusyGroups(FakeDispatcher):
+    """Groups in flight whose next model calls an outage holds at the gateway: idle only once released."""
+
+    def __init__(self) -> None:
+        self.finished = asyncio.Event()
+
+    async def wait_idle(self) -> None:
+        await self.finished.wait()
+
+
+def test_outage_during_a_drain_recovers_before_the_held_groups_finish(monkeypatch) -> None:
+    """A drain update waits for groups whose calls the outage holds at the request gate: the watcher must
+    give up the drain, recover (the gate reopens, the calls go on) and load the version afterwards."""
+    from prime_async.weights.request_gate import RequestGate
+
+    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
+    monkeypatch.setattr(ww, "BACKOFF_MAX_S", 0.04)
+    engine, admission, groups, gate = FakeEngine(), FakeAdmission(), BusyGroups(), RequestGate()
+    engine.up = True
+    watcher = ww.WeightWatcher(
+        engines=[engine], broadcasts=Broadcasts(1), admission=admission, groups=groups, pause_mode="drain",
+        update_interval=1, poll_interval_s=0.01, request_gate=gate,
+    )  # type: ignore[arg-type]  # fmt: skip
+
+    async def main() -> None:
+        task = asyncio.create_task(watcher.run())
+        await _until(lambda: admission.holds == 1)  # the drain for v1 waits for the groups
+        engine.up = False
+        gate.engine_failed(EngineUnavailable("connection reset"))  # a group's call met the dead engine
+        await _until(lambda: engine.health_checks >= 2)
+        engine.up = True
+        await _until(lambda: gate.engines_up, timeout_s=5.0)  # recovered while the drain was pending
+        groups.finished.set()  # the held calls went on and the groups ended
+        await _until(lambda: admission.served_version == 1)
+        await _until(lambda: admission.holds == 0)
+        task.cancel()
+
+    asyncio.run(main())

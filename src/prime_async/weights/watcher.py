@@ -48,7 +48,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -188,6 +188,7 @@ class WeightWatcher:
         self._updates = 0
         self._inflight_at_update = 0
         self._engine_down = False
+        self._down = asyncio.Event()  # set while `_engine_down`: the update's waits give way to recovery
         self._down_since = 0.0
         self._drain_held = False
         self._outages = 0
@@ -211,6 +212,7 @@ class WeightWatcher:
         """A transport-level engine failure: hold admission now; `run()` waits for health, then releases."""
         if not self._engine_down:
             self._engine_down = True
+            self._down.set()
             self._down_since = self.clock()
             self._outages += 1
             self.admission.hold()
@@ -234,6 +236,7 @@ class WeightWatcher:
         down = self.clock() - self._down_since
         self._down_time += down
         self._engine_down = False
+        self._down.clear()
         if self.loader is not None:
             self.loader.engines_restarted()
             self._reload = True  # a restarted engine rejoins and gets the newest version, served or not
@@ -271,6 +274,24 @@ class WeightWatcher:
             with contextlib.suppress(TimeoutError):  # a poll timeout is the normal case
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
 
+    async def _unless_down(self, awaitable: Awaitable[object], version: int) -> None:
+        """Await an update's wait unless an engine goes down first (then EngineUnavailable: `run()`
+        recovers, then retries): the model calls held by the outage cannot finish before `_recover`
+        reopens the gate, so a wait for groups, the schedule or the eval pin must not hold it up."""
+        task = asyncio.ensure_future(awaitable)
+        down = asyncio.ensure_future(self._down.wait())
+        try:
+            await asyncio.wait({task, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            down.cancel()
+        if task.done():
+            task.result()
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise EngineUnavailable(f"an engine went down before weights v{version} could load")
+
     def _engines_back(self) -> None:
         """After an outage, once the restarted engines serve the run's weights: the held calls go on."""
         if self.request_gate is not None and not self.request_gate.engines_up and not self._engine_down:
@@ -287,9 +308,9 @@ class WeightWatcher:
             with waiting(
                 self.stalls, f"the groups scheduled before v{version}", peer="the inference engines"
             ):
-                await self.schedule.wait_loadable(version)
+                await self._unless_down(self.schedule.wait_loadable(version), version)
         with waiting(self.stalls, f"the pin to load v{version}", peer="the running in-run eval"):
-            await self.pin.acquire()
+            await self._unless_down(self.pin.acquire(), version)
         try:
             if version > self.served_version or (force and version == self.served_version):
                 with waiting(self.stalls, f"weights v{version} to load ({self.pause_mode})",
@@ -317,7 +338,7 @@ class WeightWatcher:
                 # so only the calls running on surviving engines are waited for
                 await self.request_gate.wait_idle()
             else:
-                await self.groups.wait_idle()
+                await self._unless_down(self.groups.wait_idle(), version)
             # the trainer went on while the engines drained: load its newest version (the one asked for
             # may be gone from the trainer's memory or the broadcast retention); deterministic runs load
             # every version in turn
