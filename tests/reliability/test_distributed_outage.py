@@ -106,3 +106,32 @@ def test_held_calls_go_on_only_after_the_restarted_engine_reloaded(mode: str, mo
     asyncio.run(main())
     assert loader.calls == [("load", 2), ("rejoin", -1), ("load", 2)]
     assert up_at_reload == [True, False]  # the reload ran while the calls were still held
+
+
+class Schedule:
+    async def wait_loadable(self, version: int) -> None:
+        return None
+
+
+def test_deterministic_outage_at_v0_sends_the_held_calls_to_the_initial_model(monkeypatch) -> None:
+    """Deterministic, nothing loaded yet (v0 served): the restarted engine serves the initial model, v0,
+    which a loader cannot send; the held calls go on at once and v1 loads after them, in turn."""
+    from prime_async.weights.request_gate import RequestGate
+
+    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
+    engine, admission, loader, gate = FakeEngine(), FakeAdmission(), RecordingLoader(latest=1), RequestGate()
+    watcher = ww.WeightWatcher(
+        engines=[engine], broadcasts=None, admission=admission, groups=HeldGroups(gate), pause_mode="drain",
+        update_interval=1, poll_interval_s=60.0, loader=loader, request_gate=gate, schedule=Schedule(),
+    )  # type: ignore[arg-type]  # fmt: skip
+
+    async def main() -> None:
+        gate.engine_failed(EngineUnavailable("connection refused"))  # down before v1 could load
+        task = asyncio.create_task(watcher.run())
+        await _until(lambda: engine.health_checks >= 2)
+        engine.up = True
+        await _until(lambda: admission.served_version == 1)
+        task.cancel()
+
+    asyncio.run(main())
+    assert loader.calls == [("rejoin", -1), ("load", 1)]  # v0 was never asked of the loader

@@ -36,7 +36,9 @@ request gate down: the gateway holds a model call the outage failed and sends it
 same seed; its partial output discarded) once `_recover` calls `engines_back()`, so the episodes in
 flight go on (`rollouts/gateway.py`; with a `WeightLoader`, whose restarted engine starts with the
 initial model, `engines_back()` waits for its reload: the newest version, or in deterministic runs the
-served one, loaded without waiting for the held groups). `run()` polls `/health` of every engine
+served one, loaded without waiting for the held groups). An update waiting for something the held
+calls block (drain's idle groups, the deterministic schedule, the eval pin) gives way to the outage
+(`_unless_down`) and is retried after the recovery. `run()` polls `/health` of every engine
 with exponential backoff, releases admission and the held calls when all answer, and retries the newest
 broadcast (the restarted engine may serve an older or newer version than `served_version`; loading the
 newest makes them agree; the tokens record the version each was sampled with).
@@ -253,6 +255,9 @@ class WeightWatcher:
                 raise self.signal.failure
             if self._engine_down:
                 await self._recover()
+            if self._reload and self.schedule is not None and self.served_version == 0:
+                self._reload = False  # deterministic, v0 served: the restarted engine has the initial model
+                self._engines_back()
             latest = self.latest()
             due = latest is not None and latest >= self.served_version + self.interval
             if latest is not None and (due or (self._reload and latest >= self.served_version)):
