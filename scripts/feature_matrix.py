@@ -29,7 +29,8 @@ from cells import DIMENSIONS, cell_id, refused_pairs, trained_cells  # noqa: E40
 DOC = ROOT / "docs" / "feature-matrix.md"
 _PREFIX = re.compile(r"^rl: error: \S*cell\.toml: ")  # the temporary config file's path
 SHORT = {"single_turn": "single-turn", "multi_turn": "multi-turn", "two_seats": "two seats",
-         "best_of_n": "best-of-n", "filesystem": "fs", "distributed": "dist"}  # fmt: skip
+         "best_of_n": "best-of-n", "higher_lower": "higher-lower", "filesystem": "fs",
+         "distributed": "dist"}  # fmt: skip
 
 
 def run_matrix(results: Path) -> float:

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The values of each option the matrix crosses; the first value of each is its default in a cell.
 DIMENSIONS: dict[str, list[Any]] = {
-    "env": ["single_turn", "multi_turn", "tools", "two_seats", "best_of_n"],
+    "env": ["single_turn", "multi_turn", "tools", "two_seats", "best_of_n", "higher_lower"],
     "kill": ["none", "inference", "trainer", "orchestrator"],
     "k": [1, 0, 3, 8],
     "pause_mode": ["retract", "in_place", "drain"],
@@ -56,7 +56,8 @@ DIMENSIONS: dict[str, list[Any]] = {
 }
 DEFAULTS = {name: values[0] for name, values in DIMENSIONS.items()}
 
-# verifiers environments of each kind (the project's own examples, and verifiers' best-of-n env)
+# verifiers environments of each kind (the project's own examples, and verifiers' best-of-n env);
+# higher_lower: the env answers between turns, as `uv run new-env higher-lower --multi-turn` writes it
 ENVS: dict[str, dict[str, Any]] = {
     "single_turn": {"id": "reverse-text", "args": {"num_examples": 64}},
     "multi_turn": {"id": "word-chain", "name": "word-chain-vs-script",
@@ -65,6 +66,7 @@ ENVS: dict[str, dict[str, Any]] = {
     "two_seats": {"id": "word-chain", "config": {"rounds": 1}},
     "best_of_n": {"id": "reverse-text", "name": "reverse-text-best-of-2", "args": {"num_examples": 64},
                   "config": {"id": "best-of-n", "n": 2}},
+    "higher_lower": {"id": "higher-lower", "args": {"num_examples": 64}},
 }  # fmt: skip
 MIX_PARTNER = {"id": "calculator", "name": "mix-calculator", "args": {"num_examples": 32}}
 EVAL_ENV = {"id": "reverse-text", "name": "heldout", "args": {"num_examples": 4, "seed": 123}}
