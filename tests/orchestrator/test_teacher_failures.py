@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from loopback_server import serve_on_port
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.orchestrator.orchestrator import build_components, run_loop
 from prime_async.rollouts.episode_errors import EpisodesFailing
@@ -73,19 +74,8 @@ class FakeTeacher:
         return Starlette(routes=[Route("/generate", generate, methods=["POST"]), Route("/health", health)])
 
     async def start(self) -> FakeTeacher:
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
-        config = uvicorn.Config(self._app(), log_level="warning", lifespan="off", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        for _ in range(1000):
-            if self._server.started:
-                return self
-            await asyncio.sleep(0.01)
-        raise RuntimeError("fake teacher did not start within 10 s")
+        self._server, self._task = await serve_on_port(self._app(), self.port, "fake teacher")
+        return self
 
     async def stop(self) -> None:
         """Down like a killed engine: the port refuses, open connections are closed."""

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from loopback_server import serve_on_port
 from prime_async.engine_api import SamplingParams
 from prime_async.inference.client import HttpEngineClient
 from prime_async.rollouts.gateway import GENERATE_ROUTE, Gateway
@@ -68,19 +69,8 @@ class Engine:
         )
 
     async def start(self) -> Engine:
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
-        config = uvicorn.Config(self._app(), log_level="warning", lifespan="off", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        for _ in range(1000):
-            if self._server.started:
-                return self
-            await asyncio.sleep(0.01)
-        raise RuntimeError("engine did not start within 10 s")
+        self._server, self._task = await serve_on_port(self._app(), self.port, "engine")
+        return self
 
     async def kill(self) -> None:
         """Down like a killed engine: open connections are cut, the port refuses."""
