@@ -45,3 +45,25 @@ def test_resolve_run_gives_every_port_of_the_run_a_number_in_the_pick_range() ->
     ports = [p.port for p in run_ports(resolved)]
     assert len(set(ports)) == len(ports)
     assert all(10000 <= p < 22000 for p in ports), ports
+
+
+def test_ports_picked_for_one_run_never_coincide(monkeypatch) -> None:
+    """Nothing listens on a picked port until its process starts, so a free-port check alone would let
+    two sections of one run (the rollout and the eval engine, both 0) get the same port."""
+    import prime_async.launcher.identity as identity
+
+    class SameOrder(random.Random):  # every pick sees the same candidates in the same order
+        def sample(self, population, k):  # type: ignore[override]
+            return list(population)[:k]
+
+    monkeypatch.setattr(identity, "_pick_random", SameOrder())
+    cfg = RLConfig.model_validate(
+        {
+            "inference": {"server": {"port": 0}},
+            "eval_inference": {"server": {"port": 0}},
+            "orchestrator": {"eval": {"placement": "dedicated", "envs": [{"id": "reverse-text"}]}},
+            "transport": {"port": 0},
+        }
+    )
+    ports = [p.port for p in run_ports(resolve_run(cfg))]
+    assert len(set(ports)) == len(ports), ports

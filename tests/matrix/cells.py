@@ -256,10 +256,8 @@ def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> Ce
     once `rl` exited is reported in `leftovers`, then ended."""
     import tomli_w
 
-    from proc_helpers import free_pair, free_port
-
     out = work / "run"
-    ports = (free_port(), free_pair(), free_port())
+    ports = (0, 0, 0)  # rl picks free ones as it starts (a port picked here could be taken by then)
     path = work / "cell.toml"
     path.write_text(tomli_w.dumps(cell_config(cell, out=str(out), model_dir=str(model_dir), ports=ports)))
     run = CellRun(cell=cell, out=out)

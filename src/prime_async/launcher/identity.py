@@ -72,17 +72,23 @@ def _kernel_free_ports(host: str, count: int) -> int:
     raise RuntimeError(f"found no {count} consecutive free ports on {host}")
 
 
-def free_ports(host: str, count: int) -> int:
-    """First of `count` consecutive ports that are free on `host`.
+def free_ports(host: str, count: int, avoid: frozenset[int] = frozenset()) -> int:
+    """First of `count` consecutive ports that are free on `host` and not in `avoid` (ports picked
+    earlier for the same run, which nothing listens on yet).
 
     Picked at random in 10000-21999 when that lies below the kernel's ephemeral range (the usual case):
     a port there is only ever taken by a process that asks for it by number. Otherwise (a kernel whose
     ephemeral range starts low) the kernel picks, and a port can be taken before its process binds it."""
     high = min(_PICK_HIGH, _ephemeral_low() - 1) - count + 1
     if high - _PICK_LOW < 1000:
-        return _kernel_free_ports(host, count)
+        for _ in range(100):
+            base = _kernel_free_ports(host, count)
+            if avoid.isdisjoint(range(base, base + count)):
+                return base
+        raise RuntimeError(f"found no {count} consecutive free ports on {host} outside {sorted(avoid)}")
     for base in _pick_random.sample(range(_PICK_LOW, high + 1), 200):
-        if all(port_is_free(host, base + i) for i in range(count)):
+        ports = range(base, base + count)
+        if avoid.isdisjoint(ports) and all(port_is_free(host, p) for p in ports):
             return base
     raise RuntimeError(f"found no {count} consecutive free ports on {host} in {_PICK_LOW}-{_PICK_HIGH}")
 
@@ -136,16 +142,24 @@ def resolve_run(cfg: RLConfig) -> RLConfig:
     """`cfg` with a run id and concrete ports (0 = a free port), re-validated so every section agrees."""
     data = explicit_values(cfg)
     data["run_id"] = cfg.run_id or new_run_id()
+    taken = {p.port for p in run_ports(cfg) if p.port != 0}
+
+    def pick(host: str, count: int) -> int:
+        """Free ports for this run, never one it already uses or picked (none is bound yet)."""
+        base = free_ports(host, count, avoid=frozenset(taken))
+        taken.update(range(base, base + count))
+        return base
+
     for name in ENGINE_SECTIONS:
         inference = getattr(cfg, name)
         if inference is not None and inference.server.port == 0:
-            port = free_ports(inference.server.host, _num_engines(inference))
+            port = pick(inference.server.host, _num_engines(inference))
             data.setdefault(name, {}).setdefault("server", {})["port"] = port
     if cfg.transport.port == 0:  # and the control channel's transport.port + 1 unless it has its own
         count = 2 if cfg.weights.control_port is None else 1
-        data.setdefault("transport", {})["port"] = free_ports(cfg.transport.host, count)
+        data.setdefault("transport", {})["port"] = pick(cfg.transport.host, count)
     if cfg.weights.master_port == 0:
-        data.setdefault("weights", {})["master_port"] = free_ports(cfg.weights.master_address, 1)
+        data.setdefault("weights", {})["master_port"] = pick(cfg.weights.master_address, 1)
     return RLConfig.model_validate(data)
 
 
