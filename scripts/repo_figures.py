@@ -1,5 +1,7 @@
 """Print the repository's structure figures: lines per package, the package import graph, edges against the
-layering, config classes and fields, README lines.
+layering, config classes and fields, README lines, and the hygiene figures of `scripts/hygiene_figures.py`
+(functions over 60 lines, classes with more than 10 constructor parameters, getattr/hasattr on project
+types, module cycles per package, config classes over 20 fields, loader lines, dead definitions).
 
     uv run python scripts/repo_figures.py            # the figures of this checkout
     uv run python scripts/repo_figures.py --edges    # every package edge, with the modules behind it
@@ -249,6 +251,9 @@ def main() -> None:
     print(f"config classes: {n_classes}, fields: {n_fields}")
     print(f"README.md lines: {len((ROOT / 'README.md').read_text().splitlines())}")
     print(f"function-level imports of prime_async modules: {sum(i.in_function for i in imports)}")
+    import hygiene_figures  # beside this script; it imports this module's graph reader
+
+    hygiene_figures.print_hygiene()
     if args.edges:
         for (a, b), imps in sorted(edges.items()):
             mods = sorted({f"{i.source} -> {i.target}" for i in imps})
