@@ -16,7 +16,8 @@
 - config classes over 20 fields: pydantic config schemas in src/prime_async/config with more than 20
   annotated fields of their own;
 - loader lines: the lines of `LOADER_FILES`, the config loading and CLI code;
-- dead definitions: module-level functions, classes and assigned names in src/ that no other code names.
+- dead definitions: module-level functions, classes and assigned names, and methods called by name (see
+  `_methods`), in src/ that no other code names.
   A name counts as used when it is read (a `Name`, an attribute, an import) in a .py file of src/, tests/,
   scripts/ or environments/, or appears as a word in a non-docstring string there, or in a .toml file of
   those directories or pyproject.toml (entry points). It is matched by name: a homonym elsewhere keeps a
@@ -322,13 +323,30 @@ def _top_level_names(tree: ast.Module) -> Iterator[tuple[ast.stmt, str]]:
             yield stmt, stmt.target.id
 
 
+def _methods(tree: ast.Module) -> Iterator[tuple[ast.stmt, str]]:
+    """Methods of module-level classes that code calls by name: not dunders, and no decorator but
+    property/staticmethod/classmethod (a validator or a registered hook is called by its framework)."""
+    plain = {"property", "staticmethod", "classmethod"}
+    for cls in tree.body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for stmt in cls.body:
+            method = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if (
+                method
+                and not stmt.name.startswith("__")
+                and {ast.unparse(d) for d in stmt.decorator_list} <= plain
+            ):
+                yield stmt, f"{cls.name}.{stmt.name}"
+
+
 def dead_definitions(src: Path = SRC, root: Path = ROOT) -> list[Finding]:
-    """Module-level definitions of src/ no code names (see the module docstring)."""
+    """Module-level definitions and methods of src/ no code names (see the module docstring)."""
     used = used_names(root)
     found = []
     for path, tree in _sources(src):
-        for stmt, name in _top_level_names(tree):
-            if name not in used and name not in IMPLICIT_USES:
+        for stmt, name in [*_top_level_names(tree), *_methods(tree)]:
+            if name.split(".")[-1] not in used and name not in IMPLICIT_USES:
                 found.append(Finding(_where(path, stmt), name))
     return found
 
@@ -359,5 +377,5 @@ def print_hygiene() -> None:
     print(f"\nloader lines (config loading + CLI): {sum(lines.values())}")
     for f, n in lines.items():
         print(f"  {f}: {n}")
-    _listed("dead definitions (module-level, named nowhere in src/ tests/ scripts/ environments/)",
-            dead_definitions())  # fmt: skip
+    where = "src/ tests/ scripts/ environments/"
+    _listed(f"dead definitions (module-level and methods, named nowhere in {where})", dead_definitions())
