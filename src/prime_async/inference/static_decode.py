@@ -34,12 +34,9 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from prime_async.inference.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +81,22 @@ class Graph(Protocol):
     def replay(self) -> None: ...
 
 
+class StaticRunner(Protocol):
+    """What a `StaticDecoder` uses of its model runner (`inference/model_runner.py`'s `ModelRunner`)."""
+
+    num_slots: int
+    device: torch.device
+    capacity: int  # KV positions the cache holds
+    cache_generation: int  # bumped whenever the cache tensors are reallocated
+    keep_cache_on_flush: bool  # set here when capturing: graphs read the cache tensors
+
+    def prepare_decode(self, length: int, adapters: list[Any] | None, batch: int) -> None: ...
+
+    def static_forward(self, ids: torch.Tensor, positions: torch.Tensor, span: int) -> StepOutput: ...
+
+    def set_routes(self, routes: torch.Tensor | None) -> None: ...
+
+
 class Capture(Protocol):
     """Records `fn` (which returns the step's outputs) once; `replay()` recomputes into those outputs."""
 
@@ -116,7 +129,7 @@ class StaticDecoder:
     """Decode steps of one `ModelRunner` at bucketed batch sizes; captured per (bucket, span) when a
     `capture` is given (lazily, at first use), else run uncaptured with the same shapes."""
 
-    def __init__(self, runner: ModelRunner, buckets: list[int], capture: Capture | None = None) -> None:
+    def __init__(self, runner: StaticRunner, buckets: list[int], capture: Capture | None = None) -> None:
         self.runner = runner
         self.buckets = decode_buckets(runner.num_slots, buckets)
         self.capture = capture
