@@ -10,7 +10,7 @@
     dedicated/external: engines of its own that load each version).
 
 Used by the tests, `scripts/bench_orchestrator.py` and `uv run plan` (which feeds it measured timings);
-never by a run. `run_simulation` wires the real components exactly as `orchestrator.py` does
+never by a run. `run_simulation` wires the real components exactly as `orchestrator/main.py` does
 (build_components + run_loop), only engines, source, trainer and clock are simulated.
 """
 
@@ -28,10 +28,10 @@ from prime_async.engine_api import GenerateResult, SamplingParams
 from prime_async.eval.episodes import EvalResult
 from prime_async.eval.in_run import InRunEval, due_versions
 from prime_async.eval.setup import eval_envs
-from prime_async.orchestrator.components import Components
-from prime_async.orchestrator.orchestrator import build_components, run_loop
+from prime_async.orchestrator.components import ComponentInputs, Components, build_components
+from prime_async.orchestrator.orchestrator import run_loop
 from prime_async.orchestrator.types import Group
-from prime_async.rollouts.types import Episode
+from prime_async.rollouts.types import Episode, NoGateway
 from prime_async.transport.types import TrainBatch
 from prime_async.types import EnginePauseMode
 
@@ -210,8 +210,9 @@ class SimulatedEngine:
         return True
 
 
-class SimulatedRolloutSource:
-    """One `generate` per episode on the engine chosen by `engine_key`; reward from a seeded RNG."""
+class SimulatedRolloutSource(NoGateway):
+    """One `generate` per episode on the engine chosen by `engine_key`; reward from a seeded RNG. It keeps
+    what a cancelled episode had sampled; it records no calls (`replay` is ignored)."""
 
     def __init__(
         self, *, engines: list[SimulatedEngine], params: SimParams, rng: random.Random,
@@ -238,7 +239,12 @@ class SimulatedRolloutSource:
             left = self._group_latencies[example_id] = list(self.rng.choice(self.params.latency_groups))
         return left.pop(0)
 
-    async def run_episode(self, *, example_id: int, engine_key: str, sampling: SamplingParams) -> Episode:
+    def take_cancelled_lengths(self, engine_key: str) -> list[int]:
+        return self.cancelled_lengths.pop(engine_key, [])
+
+    async def run_episode(
+        self, *, example_id: int, engine_key: str, sampling: SamplingParams, replay: Any = None
+    ) -> Episode:
         self.started.append(example_id)
         engine = self.engines[zlib.crc32(engine_key.encode()) % len(self.engines)]
         prompt = [example_id % 997 + 1] * self.params.prompt_len
@@ -396,7 +402,10 @@ async def run_simulation(
     source = next(iter(sources.values()))
     broadcasts = broadcasts or InMemoryBroadcasts()
     comps = build_components(
-        cfg, source=sources, engines=engines, broadcasts=broadcasts, served_version=0, clock=loop.time
+        cfg,
+        ComponentInputs(
+            source=sources, engines=engines, broadcasts=broadcasts, served_version=0, clock=loop.time
+        ),
     )
     comps.watcher.poll_interval_s = params.watcher_poll_s
     result = SimulationResult(comps=comps, engines=engines, source=source)

@@ -18,9 +18,10 @@ import pytest
 from hf_engine import HFEngineClient
 
 from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.orchestrator.components import ComponentInputs, build_components
 from prime_async.orchestrator.episode_log import EpisodeLog
-from prime_async.orchestrator.orchestrator import build_components, run_loop
-from prime_async.rollouts.source import build_rollout_source
+from prime_async.orchestrator.orchestrator import run_loop
+from prime_async.rollouts.verifiers_source import build_rollout_source
 from prime_async.simulation import InMemoryBroadcasts
 
 pytest.importorskip("verifiers.v1")
@@ -44,8 +45,8 @@ def test_env_metric_and_reward_functions_reach_step_metrics_and_episodes_jsonl(
             env_cfg=cfg.envs[0], engines=[engine], model_path=str(tiny_model_dir), seq_len=cfg.seq_len
         ) as source:
             comps = build_components(
-                cfg, source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0,
-                episode_log=episode_log,
+                cfg, ComponentInputs(source=source, engines=[engine], broadcasts=InMemoryBroadcasts(),
+                                     served_version=0, episode_log=episode_log),
             )  # fmt: skip
 
             async def send(batch: Any) -> None:

@@ -16,9 +16,10 @@ import pytest
 from hf_engine import HFEngineClient
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.orchestrator.orchestrator import build_components, run_loop
+from prime_async.orchestrator.components import ComponentInputs, build_components
+from prime_async.orchestrator.orchestrator import run_loop
 from prime_async.rollouts.episode_errors import EpisodesFailing
-from prime_async.rollouts.source import build_rollout_source
+from prime_async.rollouts.verifiers_source import build_rollout_source
 from prime_async.simulation import InMemoryBroadcasts
 
 pytest.importorskip("verifiers.v1")
@@ -44,7 +45,10 @@ def run(cfg: OrchestratorConfig, model_dir: Path) -> list[int]:
             env_cfg=cfg.envs[0], engines=[engine], model_path=str(model_dir), seq_len=cfg.seq_len
         ) as source:
             comps = build_components(
-                cfg, source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+                cfg,
+                ComponentInputs(
+                    source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+                ),
             )
 
             async def send(batch) -> None:

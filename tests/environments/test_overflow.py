@@ -20,9 +20,10 @@ from hf_engine import HFEngineClient
 from prime_async.config.env import EnvConfig
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.engine_api import SamplingParams
-from prime_async.orchestrator.orchestrator import build_components, run_loop
-from prime_async.rollouts.source import build_rollout_source
-from prime_async.rollouts.sources import source_metrics
+from prime_async.orchestrator.components import ComponentInputs, build_components
+from prime_async.orchestrator.orchestrator import run_loop
+from prime_async.rollouts.env_sources import source_metrics
+from prime_async.rollouts.verifiers_source import build_rollout_source
 from prime_async.simulation import InMemoryBroadcasts
 
 pytest.importorskip("verifiers.v1")
@@ -78,7 +79,10 @@ def _run(tmp_path: Path, model_dir: Path, overlong: str) -> list[dict[str, float
             env_cfg=cfg.envs[0], engines=[engine], model_path=str(model_dir), seq_len=cfg.seq_len
         ) as source:
             comps = build_components(
-                cfg, source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+                cfg,
+                ComponentInputs(
+                    source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+                ),
             )
 
             async def send(batch: Any) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.orchestrator.carry import Carry, snapshot
 from prime_async.orchestrator.ckpt import latest_checkpoint, save_checkpoint
-from prime_async.orchestrator.orchestrator import build_components, checkpoint_state
+from prime_async.orchestrator.components import ComponentInputs, build_components
+from prime_async.orchestrator.orchestrator import checkpoint_state
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.gateway import GatewayCall
 from prime_async.rollouts.types import Episode, PolicySpan
@@ -74,7 +75,8 @@ def _orchestrator(out: Path, *, resume: bool):
     engines = [SimulatedEngine(index=0, params=params, rng=random.Random(0))]
     source = SimulatedRolloutSource(engines=engines, params=params, rng=random.Random(0))
     return build_components(
-        cfg, source=source, engines=engines, broadcasts=InMemoryBroadcasts(), served_version=3
+        cfg,
+        ComponentInputs(source=source, engines=engines, broadcasts=InMemoryBroadcasts(), served_version=3),
     )
 
 

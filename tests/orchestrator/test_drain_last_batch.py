@@ -6,7 +6,7 @@ import asyncio
 import time
 from types import SimpleNamespace
 
-from prime_async.orchestrator.orchestrator import _drain_last_batch
+from prime_async.orchestrator.main import _drain_last_batch
 from prime_async.testing.synthetic import transport_cfg
 from prime_async.transport.zmq_batches import BatchSender
 

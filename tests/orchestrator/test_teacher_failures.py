@@ -26,7 +26,8 @@ import pytest
 
 from loopback_server import serve_on_port
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.orchestrator.orchestrator import build_components, run_loop
+from prime_async.orchestrator.components import ComponentInputs, build_components
+from prime_async.orchestrator.orchestrator import run_loop
 from prime_async.rollouts.episode_errors import EpisodesFailing
 from prime_async.rollouts.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.rollouts.types import Episode
@@ -106,11 +107,13 @@ async def _run(
     teacher = TeacherScorer(cfg.teacher, temperature=1.0, deterministic=False)
     comps = build_components(
         cfg,
-        source=sources,
-        engines=engines,
-        broadcasts=InMemoryBroadcasts(),
-        served_version=0,
-        teacher=teacher,
+        ComponentInputs(
+            source=sources,
+            engines=engines,
+            broadcasts=InMemoryBroadcasts(),
+            served_version=0,
+            teacher=teacher,
+        ),
     )
     rows: list[dict] = []
     side = asyncio.create_task(during(comps)) if during is not None else None

@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "environments"))
 from hf_engine import HFEngineClient
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.orchestrator.orchestrator import build_components, run_loop
-from prime_async.rollouts.source import build_rollout_source
+from prime_async.orchestrator.components import ComponentInputs, build_components
+from prime_async.orchestrator.orchestrator import run_loop
+from prime_async.rollouts.verifiers_source import build_rollout_source
 from prime_async.simulation import InMemoryBroadcasts
 
 pytest.importorskip("verifiers.v1")
@@ -53,7 +54,10 @@ def test_reward_faults_and_overlong_are_counted_and_the_run_goes_on(tiny_model_d
             env_cfg=cfg.envs[0], engines=[engine], model_path=str(tiny_model_dir), seq_len=seq_len
         ) as source:
             comps = build_components(
-                cfg, source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+                cfg,
+                ComponentInputs(
+                    source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+                ),
             )
 
             async def send(batch) -> None:

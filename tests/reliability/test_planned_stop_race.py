@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.orchestrator.orchestrator import build_components, run_loop
+from prime_async.orchestrator.components import ComponentInputs, build_components
+from prime_async.orchestrator.orchestrator import run_loop
 from prime_async.orchestrator.planned_stop import PlannedStop
 from prime_async.orchestrator.types import Group
 from prime_async.simulation import InMemoryBroadcasts, SimParams, SimulatedEngine, SimulatedRolloutSource
@@ -68,7 +69,10 @@ async def _lifetime(cfg: OrchestratorConfig, world: World, life: int) -> tuple[b
     """Run one orchestrator lifetime; (whether it ended in a planned stop, its start step)."""
     served = min(e.version for e in world.engines)
     comps = build_components(
-        cfg, source=world.sources, engines=world.engines, broadcasts=world.broadcasts, served_version=served
+        cfg,
+        ComponentInputs(
+            source=world.sources, engines=world.engines, broadcasts=world.broadcasts, served_version=served
+        ),
     )
     comps.watcher.poll_interval_s = 0.05
     sender = BatchSender(cfg=cfg.transport, num_ranks=1)

@@ -1,7 +1,7 @@
 """`uv run orchestrator @ orchestrator.toml [--key value ...]`: rollouts, train sink, weight updates.
 
 Parses `OrchestratorConfig` (config schemas never import torch or verifiers, so `--help` and `--dry-run`
-return fast), sets up logging, then imports and runs `prime_async.orchestrator.orchestrator:run`.
+return fast), sets up logging, then imports and runs `prime_async.orchestrator.main:run`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from prime_async.entrypoints.common import run_component, setup_logging
 def main(argv: Sequence[str] | None = None) -> None:
     cfg = parse_config(OrchestratorConfig, argv, prog="orchestrator")
     setup_logging(cfg.log, component="orchestrator")
-    from prime_async.orchestrator.orchestrator import run
+    from prime_async.orchestrator.main import run
 
     run_component(run, cfg, component="orchestrator")
 

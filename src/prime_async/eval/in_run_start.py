@@ -1,11 +1,11 @@
-"""Production wiring of the in-run eval (called by `orchestrator._run`).
+"""Starting the in-run eval of a training run (called by the orchestrator's `main._run_lifetime`).
 
     cfg.eval.envs ──► one rollout source per eval env, on the training engines (shared) or on the eval
                       engines `cfg.eval.base_urls` (dedicated / external) ──► InRunEval
 
 Invariants:
 - the gateways of a shared-placement eval pass the watcher's one request gate (the gate the training
-  envs' gateways were built with, `orchestrator._run`), so an `in_place` update holds all of their
+  envs' gateways were built with, `orchestrator/main.py`), so an `in_place` update holds all of their
   requests alike and their engine outages hold dispatch;
 - dedicated eval engines must belong to the run (run id), like the training engines; external ones are
   not checked (any SGLang-compatible server).
@@ -23,7 +23,7 @@ from prime_async.eval.episodes import EvalResult
 from prime_async.eval.in_run import InRunEval, due_versions
 from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
 from prime_async.rollouts.engine_checks import check_engines_belong_to_run, wait_for_engines
-from prime_async.rollouts.sources import build_sources
+from prime_async.rollouts.env_sources import build_sources
 from prime_async.weights.watcher import BroadcastDir, WeightWatcher
 
 if TYPE_CHECKING:
