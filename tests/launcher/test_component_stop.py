@@ -1,4 +1,4 @@
-"""`Component.stop` ends everything its command started, also after the command's own process was
+"""`ChildProcess.stop` ends everything its command started, also after the command's own process was
 killed: torchrun's agent killed by SIGKILL leaves its worker ranks alive, re-parented out of its tree but
 still in its process group (seen in the feature matrix: the orphaned ranks kept training beside the
 restarted trainer and the run never ended)."""
@@ -10,12 +10,12 @@ import signal
 import time
 from pathlib import Path
 
-from prime_async.launcher.process import Component
+from prime_async.launcher.process import ChildProcess
 from prime_async.utils.process_tree import alive, descendants
 
 
 def test_stop_after_the_leader_was_killed_ends_its_group(tmp_path: Path) -> None:
-    component = Component(
+    component = ChildProcess(
         name="trainer", command=["bash", "-c", "sleep 300 & wait"], log_path=tmp_path / "t.log"
     )
     component.start()
@@ -37,12 +37,12 @@ def test_stop_after_the_leader_was_killed_ends_its_group(tmp_path: Path) -> None
 SCENARIO = """
 import os, signal, sys, time
 from pathlib import Path
-from prime_async.launcher.process import Component
+from prime_async.launcher.process import ChildProcess
 from prime_async.launcher.rl import _end_orphans
 from prime_async.utils.process_tree import alive, become_subreaper, children, descendants
 
 become_subreaper()  # as `rl` does
-component = Component(name="trainer", command=["bash", "-c", "setsid sleep 300 & wait"],
+component = ChildProcess(name="trainer", command=["bash", "-c", "setsid sleep 300 & wait"],
                       log_path=Path(sys.argv[1]))
 component.start()
 deadline = time.monotonic() + 10

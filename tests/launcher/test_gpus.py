@@ -17,7 +17,7 @@ from prime_async.config.placement import Placement, shared_device_transport
 from prime_async.config.rl import RLConfig
 from prime_async.entrypoints import rl as rl_entry
 from prime_async.launcher import gpus
-from prime_async.launcher.rl import build_components
+from prime_async.launcher.rl import build_processes
 
 SHARED = shared_device_transport()
 
@@ -34,7 +34,7 @@ def restore_logging() -> Iterator[None]:
 def _components(cfg: RLConfig, placement: Placement, tmp_path: Path) -> dict:
     paths = {name: tmp_path / f"{name}.toml" for name in ("inference", "trainer", "orchestrator",
                                                         "eval_inference", "teacher_inference")}  # fmt: skip
-    return build_components(cfg, paths, tmp_path / "logs", placement)
+    return build_processes(cfg, paths, tmp_path / "logs", placement)
 
 
 def test_each_process_sees_only_its_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,13 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-from prime_async.launcher.process import Component, tail_lines
+from prime_async.launcher.process import ChildProcess, tail_lines
 from prime_async.launcher.progress import JsonlFollower
 from prime_async.launcher.rl import _first_failure
 
 
-def _component(tmp_path: Path, name: str, code: str) -> Component:
-    return Component(name=name, command=[sys.executable, "-c", code], log_path=tmp_path / f"{name}.log")
+def _component(tmp_path: Path, name: str, code: str) -> ChildProcess:
+    return ChildProcess(name=name, command=[sys.executable, "-c", code], log_path=tmp_path / f"{name}.log")
 
 
 def test_failure_of_one_component_is_detected_with_its_log(tmp_path: Path) -> None:

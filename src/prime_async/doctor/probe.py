@@ -43,7 +43,7 @@ def start_engine(cfg: RLConfig, out_dir: Path, stack: contextlib.ExitStack) -> s
 
     from prime_async.config.inference import InferenceConfig
     from prime_async.launcher.identity import free_ports
-    from prime_async.launcher.process import Component
+    from prime_async.launcher.process import ChildProcess
     from prime_async.launcher.rl import script_command
 
     port = free_ports("127.0.0.1", 1)
@@ -56,7 +56,7 @@ def start_engine(cfg: RLConfig, out_dir: Path, stack: contextlib.ExitStack) -> s
     path = out_dir / "configs" / "doctor_inference.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps(engine_cfg.model_dump(mode="json", exclude_none=True)))
-    component = Component(
+    component = ChildProcess(
         name="inference", command=[*script_command("inference"), "@", str(path)],
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, log_path=out_dir / "logs" / "doctor_inference.log",
         health_url=f"http://127.0.0.1:{port}/health",
@@ -117,7 +117,7 @@ async def collect(
     """Probes of every training env of the run, one env after the other, against `urls`."""
     from prime_async.inference.client import HttpEngineClient
     from prime_async.rollouts.engine_checks import wait_for_engines
-    from prime_async.rollouts.sources import build_sources
+    from prime_async.rollouts.env_sources import build_sources
 
     engines = [HttpEngineClient(url, cfg.orchestrator.inference.api_key) for url in urls]
     try:

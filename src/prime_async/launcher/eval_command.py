@@ -27,7 +27,7 @@ from prime_async.config.inference import InferenceConfig
 from prime_async.eval.episodes import Decode, EvalEnv, evaluate
 from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
 from prime_async.launcher.identity import free_ports
-from prime_async.launcher.process import Component
+from prime_async.launcher.process import ChildProcess
 from prime_async.launcher.rl import ensure_model, script_command
 from prime_async.weights.broadcasts import broadcasts_root, is_stable, latest_stable, version_dir
 
@@ -76,7 +76,7 @@ def _start_engine(cfg: EvalConfig, stack: contextlib.ExitStack) -> str:
     path = Path(cfg.output_dir) / "configs" / "eval_inference.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps(engine_cfg.model_dump(mode="json", exclude_none=True)))
-    component = Component(
+    component = ChildProcess(
         name="inference", command=[*script_command("inference"), "@", str(path)],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         log_path=Path(cfg.output_dir) / "logs" / "eval_inference.log",
@@ -100,7 +100,7 @@ def run(cfg: EvalConfig) -> None:
 async def _evaluate_versions(cfg: EvalConfig, urls: list[str], versions: list[tuple[int, Path | None]]):
     from prime_async.inference.client import HttpEngineClient
     from prime_async.rollouts.engine_checks import wait_for_engines
-    from prime_async.rollouts.sources import build_sources
+    from prime_async.rollouts.env_sources import build_sources
     from prime_async.utils.monitor import Monitor
 
     engines = [HttpEngineClient(url, cfg.inference.api_key) for url in urls]

@@ -33,7 +33,7 @@ def tail_lines(path: Path, num_lines: int) -> list[str]:
 
 
 @dataclass
-class Component:
+class ChildProcess:
     """A child process whose stdout+stderr go to `log_path`."""
 
     name: str

@@ -44,7 +44,7 @@ from prime_async.config.placement import Placement
 from prime_async.config.rl import ENGINE_SECTIONS, RLConfig
 from prime_async.launcher.gpus import component_env, place_run
 from prime_async.launcher.identity import check_engine_identity, check_ports_free, resolve_run
-from prime_async.launcher.process import Component, tail_lines
+from prime_async.launcher.process import ChildProcess, tail_lines
 from prime_async.launcher.progress import ProgressView
 from prime_async.launcher.restart import (
     RestartBudget,
@@ -164,27 +164,27 @@ def _build_tiny(kind: str, path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build_components(
+def build_processes(
     cfg: RLConfig, paths: dict[str, Path], log_dir: Path, placement: Placement | None = None
-) -> dict[str, Component]:
+) -> dict[str, ChildProcess]:
     """The run's processes; each placed one sees only its devices (`launcher/gpus.py`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     placement = placement or Placement(devices={}, transport=cfg.weights.transport)
     components = {
-        "inference": Component(
+        "inference": ChildProcess(
             name="inference",
             command=[*script_command("inference"), "@", str(paths["inference"])],
             log_path=log_dir / "inference.log",
             env=component_env(env, placement, "inference"),
             health_url=_inference_health_url(cfg),
         ),
-        "trainer": Component(
+        "trainer": ChildProcess(
             name="trainer",
             command=trainer_command(cfg, paths["trainer"]),
             log_path=log_dir / "trainer.log",
             env=component_env(env, placement, "trainer"),
         ),
-        "orchestrator": Component(
+        "orchestrator": ChildProcess(
             name="orchestrator",
             command=[*script_command("orchestrator"), "@", str(paths["orchestrator"])],
             log_path=log_dir / "orchestrator.log",
@@ -194,7 +194,7 @@ def build_components(
     for name in ENGINE_SECTIONS[1:]:  # dedicated eval engines, the teacher's engine
         inference = getattr(cfg, name)
         if inference is not None:
-            components[name] = Component(
+            components[name] = ChildProcess(
                 name=name,
                 command=[*script_command("inference"), "@", str(paths[name])],
                 log_path=log_dir / f"{name}.log",
@@ -228,12 +228,12 @@ def run(cfg: RLConfig) -> None:
     paths = write_sub_configs(cfg, output_dir / "configs")
     ensure_model(cfg)
     _check_teacher_model(cfg)
-    components = build_components(cfg, paths, output_dir / "logs", placement)
+    components = build_processes(cfg, paths, output_dir / "logs", placement)
     status = _supervise(cfg, components, output_dir)
     raise SystemExit(status)
 
 
-def _supervise(cfg: RLConfig, components: dict[str, Component], output_dir: Path) -> int:
+def _supervise(cfg: RLConfig, components: dict[str, ChildProcess], output_dir: Path) -> int:
     """Start and watch the components; on every way out (end, signal, exception) end all they started."""
     stop_signal: list[int] = []
 
@@ -259,7 +259,7 @@ def _supervise(cfg: RLConfig, components: dict[str, Component], output_dir: Path
 
 
 def _start_and_watch(
-    cfg: RLConfig, components: dict[str, Component], output_dir: Path, stop_signal: list[int]
+    cfg: RLConfig, components: dict[str, ChildProcess], output_dir: Path, stop_signal: list[int]
 ) -> int:
     # Everything starts at once: the trainer and the orchestrator need nothing from the engines to load
     # (model, environments); the orchestrator waits for the engines itself and checks, as the launcher
@@ -295,8 +295,8 @@ def _start_and_watch(
 
 def _try_restart(
     cfg: RLConfig,
-    components: dict[str, Component],
-    failed: Component,
+    components: dict[str, ChildProcess],
+    failed: ChildProcess,
     budget: RestartBudget,
     output_dir: Path,
     stop_signal: list[int],
@@ -323,7 +323,7 @@ def _try_restart(
     return _roll_back_and_restart(cfg, components, output_dir, attempt)
 
 
-def _end_orphans(components: dict[str, Component]) -> None:
+def _end_orphans(components: dict[str, ChildProcess]) -> None:
     """End every child of `rl` that is not a running component: processes of a dead component that left
     its tree and group (torchrun's workers run in sessions of their own) and were re-parented to us, the
     subreaper. Before a restart, so no process of the old lifetime works beside the new one."""
@@ -337,7 +337,7 @@ def _end_orphans(components: dict[str, Component]) -> None:
 
 
 def _restart_inference(
-    cfg: RLConfig, inference: Component, output_dir: Path, attempt: int, stop_signal: list[int]
+    cfg: RLConfig, inference: ChildProcess, output_dir: Path, attempt: int, stop_signal: list[int]
 ) -> bool:
     overrides = restart_overrides(cfg, inference.name)
     logger.warning("%s restarts with %s", inference.name, overrides or "its original config")
@@ -353,7 +353,7 @@ def _restart_inference(
 
 
 def _roll_back_and_restart(
-    cfg: RLConfig, components: dict[str, Component], output_dir: Path, attempt: int
+    cfg: RLConfig, components: dict[str, ChildProcess], output_dir: Path, attempt: int
 ) -> bool:
     """Trainer or orchestrator died: both go back to the trainer's checkpoint, engines reload it."""
     pair = [components["trainer"], components["orchestrator"]]
@@ -378,7 +378,7 @@ def _roll_back_and_restart(
 
 
 def _set_restart_command(
-    cfg: RLConfig, component: Component, output_dir: Path, attempt: int, overrides: dict[str, Any]
+    cfg: RLConfig, component: ChildProcess, output_dir: Path, attempt: int, overrides: dict[str, Any]
 ) -> None:
     name = component.name
     path = write_restart_config(output_dir / "configs" / f"{name}.toml", overrides, attempt)
@@ -391,7 +391,7 @@ def _command_for(cfg: RLConfig, name: str, config_path: Path) -> list[str]:
     return [*script_command("inference" if name in ENGINE_SECTIONS else name), "@", str(config_path)]
 
 
-def _first_failure(components: dict[str, Component]) -> Component | None:
+def _first_failure(components: dict[str, ChildProcess]) -> ChildProcess | None:
     for component in components.values():
         code = component.returncode()
         if code is not None and code != 0:
@@ -402,7 +402,7 @@ def _first_failure(components: dict[str, Component]) -> Component | None:
     return None
 
 
-def _report_failure(component: Component) -> None:
+def _report_failure(component: ChildProcess) -> None:
     lines = tail_lines(component.log_path, 30)
     message = "\n".join(f"  {component.name}| {line}" for line in lines)
     logger.error(
