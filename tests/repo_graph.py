@@ -22,6 +22,18 @@ def repo_figures() -> ModuleType:
     return module
 
 
+@cache
+def hygiene_figures() -> ModuleType:
+    """`scripts/hygiene_figures.py` (it imports `repo_figures`, loaded first under that name)."""
+    repo_figures()
+    spec = importlib.util.spec_from_file_location("hygiene_figures", ROOT / "scripts" / "hygiene_figures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def import_graph(package: str) -> dict[str, set[str]]:
     """module -> the modules of `package` (e.g. "prime_async.trainer") it imports, at module level or
     inside functions; a module's own parent packages are not edges."""
