@@ -81,7 +81,7 @@ def make_engine(model_dir: str, env_id: str) -> InstantEngine:
 
 async def bench_case(case: str, args: argparse.Namespace, model_dir: str) -> dict[str, float]:
     from prime_async.config.env import EnvConfig
-    from prime_async.rollouts.source import build_rollout_source
+    from prime_async.rollouts.verifiers_source import build_rollout_source
 
     env_id, runner, toolsets = CASES[case]
     engine = make_engine(model_dir, env_id)

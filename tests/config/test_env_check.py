@@ -20,7 +20,7 @@ from prime_async.config.loader import load_config, parse_config
 from prime_async.config.rl import RLConfig
 from prime_async.entrypoints.rl import check_run_envs
 from prime_async.rollouts.env_check import env_keys, find_env, installed_env_ids
-from prime_async.rollouts.source import resolve_verifiers_config
+from prime_async.rollouts.verifiers_config import resolve_verifiers_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RL = Path(sys.executable).parent / "rl"

@@ -26,8 +26,8 @@ from hf_engine import HFEngineClient
 
 from prime_async.config.env import EnvConfig
 from prime_async.engine_api import SamplingParams
-from prime_async.rollouts.source import VerifiersRolloutSource, build_rollout_source
 from prime_async.rollouts.types import Episode
+from prime_async.rollouts.verifiers_source import VerifiersRolloutSource, build_rollout_source
 
 pytest.importorskip("verifiers.v1")
 

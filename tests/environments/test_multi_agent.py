@@ -19,12 +19,9 @@ from test_episodes import check_alignment, model_logprobs, run_with_source
 from prime_async.config.env import EnvConfig
 from prime_async.engine_api import SamplingParams
 from prime_async.orchestrator.data_source import DataSource
-from prime_async.rollouts.source import (
-    VerifiersRolloutSource,
-    resolve_verifiers_config,
-    verifiers_env_config,
-)
 from prime_async.rollouts.tasks import LazyTasks
+from prime_async.rollouts.verifiers_config import resolve_verifiers_config, verifiers_env_config
+from prime_async.rollouts.verifiers_source import VerifiersRolloutSource
 
 pytest.importorskip("verifiers.v1")
 

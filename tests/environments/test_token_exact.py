@@ -25,7 +25,7 @@ from prime_async.engine_api import SamplingParams
 from prime_async.rollouts import token_bridge
 from prime_async.rollouts.episode import branch_split_causes
 from prime_async.rollouts.gateway import Gateway
-from prime_async.rollouts.source import VerifiersRolloutSource
+from prime_async.rollouts.verifiers_source import VerifiersRolloutSource
 
 pytest.importorskip("verifiers.v1")
 

@@ -22,7 +22,7 @@ import pytest
 from prime_async.config.env import EnvConfig
 from prime_async.engine_api import GenerateResult, SamplingParams
 from prime_async.rollouts.renderer_choice import choose_renderer, renderer_for_model
-from prime_async.rollouts.source import build_rollout_source
+from prime_async.rollouts.verifiers_source import build_rollout_source
 from proc_helpers import free_port, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,11 +15,11 @@ from prime_async.orchestrator.env_mix import EnvMix
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.train_sink import TrainSink
 from prime_async.rollouts.episode_errors import EpisodesFailing
-from prime_async.rollouts.types import Episode
+from prime_async.rollouts.types import Episode, NoGateway
 from prime_async.simulation import run_virtual
 
 
-class ScriptedSource:
+class ScriptedSource(NoGateway):
     """Episode `g<gid>-e<i>` takes `latency[(gid, i)]` simulated seconds (default 1 s)."""
 
     def __init__(
@@ -38,7 +38,7 @@ class ScriptedSource:
         return 10
 
     async def run_episode(
-        self, *, example_id: int, engine_key: str, sampling: SamplingParams
+        self, *, example_id: int, engine_key: str, sampling: SamplingParams, replay=None
     ) -> Episode | list[Episode]:
         gid, idx = (int(x[1:]) for x in engine_key.split("-"))
         await asyncio.sleep(self.latency.get((gid, idx), 1.0))

@@ -87,7 +87,9 @@ class ForfeitSource(ScriptedSource):
         super().__init__(seats=("first", "second"))
         self.idle, self.all_idle = idle, all_idle
 
-    async def run_episode(self, *, example_id: int, engine_key: str, sampling: SamplingParams) -> Any:
+    async def run_episode(
+        self, *, example_id: int, engine_key: str, sampling: SamplingParams, replay: Any = None
+    ) -> Any:
         episodes = await super().run_episode(example_id=example_id, engine_key=engine_key, sampling=sampling)
         gid, idx = (int(x[1:]) for x in engine_key.split("-"))
         episodes[1].reward = 10.0 + idx

@@ -2,7 +2,7 @@
 how it is run, and (for a mix) its name, ratio and sampling overrides.
 
 `EnvBaseConfig` is what the rollout source needs to load and run an environment
-(`rollouts/source.py`); `EnvConfig` is one training environment of `orchestrator.envs`
+(`rollouts/verifiers_source.py`); `EnvConfig` is one training environment of `orchestrator.envs`
 (`[orchestrator.env]` is the one-environment spelling); `EvalEnvConfig` is one environment of
 `orchestrator.eval.envs` and of the `eval` command.
 

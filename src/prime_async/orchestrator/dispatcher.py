@@ -204,15 +204,14 @@ class Dispatcher:
 
     def _count_cancelled(self, group: Group) -> None:
         """Length bias of a cancelled group (in flight, or while the teacher scored it): its finished
-        trajectories and what its running ones had sampled, from the env's rollout source's
-        `cancelled_lengths` (engine key -> one length per trajectory) when it keeps them."""
+        trajectories and what its running ones had sampled, taken from the env's rollout source
+        (`take_cancelled_lengths`: one length per trajectory)."""
         if self.length_bias is None:
             return
-        cancelled = getattr(self.envs.get(group.env).source, "cancelled_lengths", None)
+        source = self.envs.get(group.env).source
         partial: list[int] = []
-        if isinstance(cancelled, dict):
-            for index in range(self.groups.group_size):
-                partial.extend(cancelled.pop(episode_key(group, index), ()))
+        for index in range(self.groups.group_size):
+            partial.extend(source.take_cancelled_lengths(episode_key(group, index)))
         self.length_bias.cancelled_group(group, partial)
 
     def _check_early_failures(self, group: Group) -> EpisodesFailing | None:
@@ -268,7 +267,7 @@ class Dispatcher:
         replay = group.carried.calls.get(index) if group.carried is not None else None
         result = await env.source.run_episode(
             example_id=group.example_id, engine_key=episode_key(group, index), sampling=sampling,
-            **({"replay": replay} if replay else {}),
+            replay=replay or None,
         )  # fmt: skip
         trajectories = result if isinstance(result, list) else [result]
         if not trajectories:

@@ -98,14 +98,14 @@ async def stop_and_save(
             await asyncio.wait_for(watcher_task, timeout=FREEZE_TIMEOUT_S)
     engines = comps.watcher.engines
     await asyncio.gather(*(e.continue_generation() for e in engines), return_exceptions=True)
-    gateways = [g for env in comps.envs.envs.values() if (g := getattr(env.source, "gateway", None))]
-    await asyncio.gather(*(g.freeze(FREEZE_TIMEOUT_S) for g in gateways))
+    sources = [env.source for env in comps.envs.envs.values()]
+    await asyncio.gather(*(source.freeze(FREEZE_TIMEOUT_S) for source in sources))
     cut_after = [g for step in sorted(undelivered) if step > delivered for g in undelivered[step]]
     pending = cut_after + comps.groups.pending_groups()
     _move_aside_after(output_dir, delivered)
     path = save_checkpoint(output_dir, delivered, {**state(comps, pending), "planned_stop": True})
-    for gateway in gateways:
-        gateway.release()
+    for source in sources:
+        source.release()
     carried = sum(len(g.finished_by_index) for g in pending)
     logger.warning(
         "planned stop: checkpoint of step %d with %d pending groups (%d batches not fetched, %d finished "

@@ -1,10 +1,12 @@
 """Running episodes: what turns an environment and the inference engines into trained trajectories.
 Below both `orchestrator/` (training) and `eval/`; imports nothing above it (docs/ARCHITECTURE.md).
 
-    types.py             Episode, PolicySpan, RolloutSource (the protocol every source implements)
-    sources.py           the verifiers rollout sources of a list of env configs, and their metrics
-    source.py            VerifiersRolloutSource: loads the env, opens a gateway session per episode,
-                         runs it with the configured runner, converts the result (`build_rollout_source`)
+    types.py             Episode, PolicySpan, RolloutSource (the protocol every source implements), NoGateway
+    env_sources.py       the verifiers rollout sources of a list of env configs, and their metrics
+    verifiers_source.py  VerifiersRolloutSource: loads the env, opens a gateway session per episode,
+                         runs it on the env's runner, converts the result (`build_rollout_source`)
+    verifiers_config.py  an env table -> the verifiers env config (seats, runner harness), resolved
+    runners.py           EnvRunner (protocol) and RUNNERS: in-process, subprocess, env server
     episode.py           verifiers episode/trace -> trained trajectories (tokens, masks, logprobs, versions)
     inprocess_harness.py the default runner: verifiers' own chat/tool program inside the orchestrator
     inprocess_tools.py   Python toolsets served in process (MCP in-memory transport), per rollout
@@ -17,5 +19,5 @@ Below both `orchestrator/` (training) and `eval/`; imports nothing above it (doc
     seeds.py             the sampling seeds of deterministic runs
 
 This package's `__init__` imports nothing: `types` stays cheap to import (verifiers is loaded by
-`source.py` only, which takes ~6 s).
+`verifiers_source.py` only, which takes ~6 s).
 """

@@ -130,7 +130,7 @@ def env_keys(cfg: Any) -> list[tuple[str, EnvBaseConfig]]:
 
 def check_envs(orchestrator_cfg: Any) -> None:
     """Import every environment of the run and validate its args and config (module docstring)."""
-    from prime_async.rollouts.source import resolve_verifiers_config
+    from prime_async.rollouts.verifiers_config import resolve_verifiers_config
 
     for key, env_cfg in env_keys(orchestrator_cfg):
         find_env(env_cfg.id, f"{key}.id")

@@ -1,11 +1,13 @@
 """Env-server runner: verifiers' own serving path (what prime-rl uses) for `env.runner = "env_server"`.
 
-    VerifiersRolloutSource ──EnvClient.run (ZMQ DEALER, msgpack)──► EnvServer (spawned process)
+    VerifiersRolloutSource ──EnvServerRunner.run──► EnvClient.run (ZMQ DEALER, msgpack)
+        ──► EnvServer (spawned process)
         └── Env.run_episode there (null harness program in the subprocess runtime)
               ──POST /inference/v1/generate──► our Gateway (in the orchestrator process)
 
-Who calls it: `rollouts/source.py`, only for that runner. The server is one spawned process running
-`verifiers.v1.serve.serve_env(max_workers=1)` on a loopback port picked by the OS.
+Who calls it: `rollouts/verifiers_source.py` through the `EnvRunner` protocol (`runners.py`). The server
+is one spawned process running `verifiers.v1.serve.serve_env(max_workers=1)` on a loopback port picked
+by the OS.
 
 Invariants: the server process is started by `start()` and terminated by `stop()` (SIGTERM, then kill
 after a timeout); cancelling `run` sends verifiers' own cancel request to the server, which aborts the
@@ -17,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-from typing import Any
+from typing import Any, ClassVar
+
+from prime_async.config.env import EnvBaseConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,14 +39,34 @@ def _serve(config_data: dict[str, Any], address_queue: Any) -> None:
 
 
 class EnvServerRunner:
-    """Owns one env-server process and the ZMQ client that talks to it."""
+    """`EnvRunner` for `env_server`: owns one env-server process and the ZMQ client that talks to it;
+    the train client runs in the server process. Each seat gets verifiers' `null` harness program."""
 
-    def __init__(self, *, startup_timeout_s: float = 300.0) -> None:
+    client_in_process: ClassVar[bool] = False
+
+    def __init__(self, env_cfg: EnvBaseConfig | None = None, *, startup_timeout_s: float = 300.0) -> None:
+        self.env_cfg = env_cfg
         self.startup_timeout_s = startup_timeout_s
         self._proc: Any = None
         self._client: Any = None
 
-    async def start(self, config: Any) -> None:
+    @classmethod
+    def harness(cls) -> dict[str, Any]:
+        return {"id": "null"}
+
+    def check(self) -> None:
+        """Nothing to check here: `run` refuses once the server process is gone."""
+
+    async def start(self, env: Any, config: Any) -> None:
+        """Spawn the server for the resolved verifiers `config` (`env`, loaded here, is not used: the
+        server loads its own) and connect to it; on failure nothing is left running."""
+        try:
+            await self._start(config)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self, config: Any) -> None:
         from verifiers.v1.serve.client import EnvClient
         from verifiers.v1.serve.pool import env_config_data
 
@@ -53,7 +77,6 @@ class EnvServerRunner:
         try:
             address = await asyncio.to_thread(queue.get, True, self.startup_timeout_s)
         except Exception as e:
-            await self.stop()
             raise RuntimeError(f"verifiers env server did not report its address: {e!r}") from e
         self._client = EnvClient(address)
         await self._client.wait_for_server_startup(timeout=self.startup_timeout_s)

@@ -7,7 +7,7 @@ becomes one `Episode` with `seat = trace.agent.name` and its own reward (the tra
 logprobs and versions. Traces the env marked untrainable (e.g. a simulated user) are not trained. When
 the verifiers episode failed, or yields no trainable trace, the result is one error `Episode`.
 
-Called by `rollouts/source.py` after every verifiers episode. Pure: no I/O, no verifiers import at
+Called by `rollouts/verifiers_source.py` after every verifiers episode. Pure: no I/O, no verifiers import at
 module level (it receives verifiers objects and reads their documented attributes).
 
 Invariants of the returned `Episode`:

@@ -6,7 +6,7 @@ forwards each call to SGLang's native `/generate` on one engine (through `Engine
             ◄── vLLM-shaped answer (choices[0].token_ids / logprobs.content / finish_reason) ──┘
             └── records (prompt_ids, output_ids, logprobs, versions) on the episode's session
 
-Who calls it: `rollouts/source.py` opens one `GatewaySession` per episode and hands its `key` to
+Who calls it: `rollouts/verifiers_source.py` opens one `GatewaySession` per episode and hands its `key` to
 verifiers as the model name; `close_session` forgets it.
 
 Invariants:

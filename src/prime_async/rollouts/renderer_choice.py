@@ -1,6 +1,6 @@
 """Which `renderers` renderer turns an episode's chat into token ids: chosen from the model.
 
-Who calls it: `rollouts/source.py` at `start()`, before any episode. `env.renderer` with a `name`
+Who calls it: `rollouts/verifiers_source.py` at `start()`, before any episode. `env.renderer` with a `name`
 other than "auto" is used as given (the user's override). Otherwise the renderer is the one verifiers'
 `renderers` package maps the model's canonical name to (`MODEL_RENDERER_MAP`, e.g. `Qwen/Qwen3-8B` ->
 `qwen3`); a local checkpoint is matched by its `config.json` `model_type` when its tokenizer carries that

@@ -1,5 +1,5 @@
-"""Data types of running episodes: `Episode`, its `PolicySpan`, and the `RolloutSource` protocol.
-Dataclasses and protocols only, no logic.
+"""Data types of running episodes: `Episode`, its `PolicySpan`, the `RolloutSource` protocol and
+`NoGateway` (its no-op capabilities, for sources without a gateway). Dataclasses and protocols only.
 
 Invariants (enforced by the code that builds them, stated here so all agree):
 - an episode's `span.start` is the weight version served when its group was dispatched and `span.end`
@@ -14,9 +14,12 @@ Invariants (enforced by the code that builds them, stated here so all agree):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from prime_async.engine_api import SamplingParams
+
+if TYPE_CHECKING:  # the gateway module is heavy; this one stays cheap to import
+    from prime_async.rollouts.gateway import GatewayCall
 
 EpisodeStatus = Literal["ok", "idle", "error", "aborted", "cancelled"]
 """`idle`: a seat of a multi-agent episode that never acted (no model call, no token): not an error,
@@ -61,9 +64,19 @@ class Episode:
         return sum(self.loss_mask)
 
 
+@dataclass(frozen=True)
+class EngineTraffic:
+    """A rollout source's model calls per engine URL: requests in flight (`pending`) and the monotonic
+    time of each engine's last answer (`last_answer`); what a stall report shows."""
+
+    pending: dict[str, int] = field(default_factory=dict)
+    last_answer: dict[str, float] = field(default_factory=dict)
+
+
 class RolloutSource(Protocol):
     """Runs single episodes of an environment against inference. Implemented with verifiers
-    (`rollouts/source.py`) in production and by in-process fakes in tests.
+    (`rollouts/verifiers_source.py`) in production, by `simulation.SimulatedRolloutSource` and by
+    in-process fakes in tests (`NoGateway` gives the capabilities a source without a gateway lacks).
 
     `run_episode` returns one `Episode`, or a list of them when the environment's episode trains
     several trajectories (one per seat of a multi-agent env); `num_examples` is None for an infinite
@@ -71,12 +84,58 @@ class RolloutSource(Protocol):
 
     `run_episode` never raises for environment faults: it returns an Episode with status "error"
     and `error` set. It raises `asyncio.CancelledError` when cancelled (the dispatcher's cancel path).
-    `engine_key` lets the gateway keep every turn of one episode on one engine (sticky routing).
+    `engine_key` lets the gateway keep every turn of one episode on one engine (sticky routing);
+    `replay` (None: none) is the model calls an earlier lifetime recorded for that episode, answered
+    from the record before any new call reaches an engine (`rollouts/replay.py`).
+
+    Every implementation declares the rest, a no-op where it has nothing to say:
+    - `recorded_calls(key)`: the model calls the running episode `key` made so far (checkpoint carry);
+    - `take_cancelled_lengths(key)`: what the cancelled episode `key` had sampled, one length per
+      trajectory, forgotten once taken (the length bias);
+    - `freeze(timeout_s)` / `release()`: a planned stop holds every model call, then refuses them;
+    - `engine_traffic()`: requests in flight and last answers per engine (stall reports);
+    - `metrics()`: cumulative counters since start (`env/...`).
     """
 
     @property
     def num_examples(self) -> int | None: ...
 
     async def run_episode(
-        self, *, example_id: int, engine_key: str, sampling: SamplingParams
-    ) -> Episode | list[Episode]: ...
+        self, *, example_id: int, engine_key: str, sampling: SamplingParams,
+        replay: list[GatewayCall] | None = None,
+    ) -> Episode | list[Episode]: ...  # fmt: skip
+
+    def recorded_calls(self, engine_key: str) -> list[GatewayCall]: ...
+
+    def take_cancelled_lengths(self, engine_key: str) -> list[int]: ...
+
+    async def freeze(self, timeout_s: float) -> None: ...
+
+    def release(self) -> None: ...
+
+    def engine_traffic(self) -> EngineTraffic: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+class NoGateway:
+    """The `RolloutSource` capabilities of a source whose episodes make no recorded model calls: none
+    recorded, nothing cancelled kept, nothing to freeze, no traffic, no metrics. Subclass and override."""
+
+    def recorded_calls(self, engine_key: str) -> list[GatewayCall]:
+        return []
+
+    def take_cancelled_lengths(self, engine_key: str) -> list[int]:
+        return []
+
+    async def freeze(self, timeout_s: float) -> None:
+        return None
+
+    def release(self) -> None:
+        return None
+
+    def engine_traffic(self) -> EngineTraffic:
+        return EngineTraffic()
+
+    def metrics(self) -> dict[str, float]:
+        return {}

@@ -75,7 +75,7 @@ def taskset_chats(cfg: SFTTasksetConfig) -> list[Chat]:
     import verifiers.v1 as vf
 
     from prime_async.config.env import EnvBaseConfig
-    from prime_async.rollouts.source import resolve_verifiers_config
+    from prime_async.rollouts.verifiers_config import resolve_verifiers_config
 
     env = vf.load_environment(resolve_verifiers_config(EnvBaseConfig(id=cfg.id, args=cfg.args)))
     if not env.taskset.bounded:

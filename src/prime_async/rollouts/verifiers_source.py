@@ -10,41 +10,39 @@ against inference through the token gateway.
         ◄── Episode (token_ids, loss_mask, sampler_logprobs, token_versions, reward, status), or one
             per trained seat of a multi-agent env (`envs/episode.build_episodes`)
 
-Who calls it: `orchestrator.py` builds it with `build_rollout_source(...)` and hands it to the dispatcher
-as its `RolloutSource`. `import verifiers.v1` is slow (10-20 s), so it happens in `start()`, never at
-module import (`--help` stays fast).
+Who calls it: `env_sources.py` builds one per env with `build_rollout_source(...)`; the orchestrator hands
+it to the dispatcher as its `RolloutSource`. How an episode runs is the env's runner (`runners.py`).
+`import verifiers.v1` is slow (10-20 s), so it happens in `start()`, never at module import (`--help`
+stays fast).
 
 Invariants:
-- the environment is loaded through verifiers' own path (`resolve_env_config` -> `load_environment`), and
-  example `i` is the i-th task of `env.taskset` (its `load()` order), fixed for the run; an infinite
-  taskset (`INFINITE`, unbounded) is drawn lazily (`tasks.LazyTasks`, `num_examples` None);
-- the verifiers env config is the env's own `vf.EnvConfig` subclass: `env.args` fill its taskset,
-  every seat (`vf.AgentConfig` field) gets the runner's harness and the subprocess runtime unless the
-  author pinned its own, and `env.config` is deep-merged last; a key it does not declare fails
-  `start()` with one line naming it;
+- the environment is loaded through verifiers' own path (`resolve_env_config` -> `load_environment`) from
+  the config `verifiers_config.py` builds, and example `i` is the i-th task of `env.taskset` (its
+  `load()` order), fixed for the run; an infinite taskset (`INFINITE`, unbounded) is drawn lazily
+  (`tasks.LazyTasks`, `num_examples` None); a key the env config does not declare fails `start()`;
 - `run_episode` never raises for environment faults (see `envs/episode.py`); it raises
   `asyncio.CancelledError` when cancelled, after aborting the episode's in-flight engine requests;
 - every gateway session opened for an episode is closed when the episode ends, whatever the outcome;
-- verifiers' serving resources live in one supervised background task between `start()` and `stop()`.
+- the runner is started by `start()` and stopped by `stop()`; the gateway outlives it on both ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from prime_async.config.dicts import deep_merge
 from prime_async.config.env import EnvBaseConfig
 from prime_async.engine_api import EngineClient, SamplingParams
-from prime_async.rollouts import env_check, inprocess_harness, inprocess_tools, prompt_limit, token_bridge
+from prime_async.rollouts import prompt_limit, token_bridge
 from prime_async.rollouts.gateway import Gateway, GatewayCall
 from prime_async.rollouts.renderer_choice import check_tools_renderer, choose_renderer
+from prime_async.rollouts.runners import make_runner
 from prime_async.rollouts.tasks import LazyTasks
-from prime_async.rollouts.types import Episode
+from prime_async.rollouts.types import EngineTraffic, Episode
+from prime_async.rollouts.verifiers_config import resolve_verifiers_config
 from prime_async.utils import pydantic_speedups
 from prime_async.weights.request_gate import RequestGate
 
@@ -60,67 +58,6 @@ def _quiet_library_loggers() -> None:
     for name in ("verifiers", "renderers", "uvicorn", "uvicorn.error", "mcp", "httpx", "aiohttp.access"):
         if logging.getLogger(name).level == logging.NOTSET:
             logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def _runner_harness(env_cfg: EnvBaseConfig) -> dict[str, Any]:
-    if env_cfg.runner == "inprocess":
-        from prime_async.rollouts import inprocess_harness
-
-        return {"id": inprocess_harness.register()}
-    return {"id": "null"}
-
-
-def verifiers_env_config(env_cfg: EnvBaseConfig) -> dict[str, Any]:
-    """The raw verifiers env config for `env_cfg` (validated later by `vf.resolve_env_config`): the
-    seats the environment's own `vf.EnvConfig` declares, filled with the runner's defaults (a seat
-    pinning a harness other than verifiers' `null` chat program, or a runtime, keeps its own)."""
-    from verifiers.v1.configs.agent import AgentConfig
-    from verifiers.v1.runtimes import PrimeConfig
-    from verifiers.v1.utils.loaders import env_config_type
-
-    user = copy.deepcopy(env_cfg.config)
-    if "taskset" in user:
-        raise ValueError("orchestrator.env.config.taskset: set the taskset's fields in orchestrator.env.args")
-    raw: dict[str, Any] = {"taskset": {**env_cfg.args, "id": env_cfg.id}}
-    if env_cfg.episode_timeout_s is not None:
-        raw["timeout"] = {"episode": env_cfg.episode_timeout_s}
-    cls = env_config_type(env_cfg.id, str(user.get("id") or ""))
-    for name, field in cls.model_fields.items():
-        declared = field.default
-        if not isinstance(declared, AgentConfig):
-            continue
-        seat: dict[str, Any] = {}
-        if declared.runtime == PrimeConfig():
-            seat["runtime"] = {"type": "subprocess"}
-        if declared.harness is None or declared.harness.id == "null":
-            seat["harness"] = _runner_harness(env_cfg)
-        raw[name] = seat
-    return deep_merge(raw, user)
-
-
-def resolve_verifiers_config(env_cfg: EnvBaseConfig, *, key: str = "orchestrator.env") -> Any:
-    """`vf.resolve_env_config(verifiers_env_config(env_cfg))`; an unknown id (with the closest installed
-    ids), an env that fails to import, a key the environment does not declare or a bad value raises one
-    ValueError line naming the key under `key` and the config class it belongs to (`env_check.py`)."""
-    import verifiers.v1 as vf
-    from pydantic import ValidationError
-
-    try:
-        return vf.resolve_env_config(verifiers_env_config(env_cfg))
-    except ModuleNotFoundError as e:
-        env_check.find_env(env_cfg.id, f"{key}.id")  # not installed: "did you mean"
-        cause = e.__cause__ if isinstance(e.__cause__, ModuleNotFoundError) else e
-        raise ValueError(
-            f"{key}.id {env_cfg.id!r}: the environment is installed but importing it failed: {cause}"
-        ) from None
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = [str(x) for x in err["loc"]]
-        where = "args" if loc and loc[0] == "taskset" else "config"
-        path = ".".join(loc[1:] if where == "args" else loc)
-        more = f"; {e.error_count() - 1} more error(s)" if e.error_count() > 1 else ""
-        reason = env_check.describe_error(env_cfg, err)
-        raise ValueError(f"{key}.{where}.{path}: {reason} (environment {env_cfg.id!r}{more})") from None
 
 
 CANCELLED_KEPT = 4096  # cancelled episodes' lengths kept for the dispatcher to take (oldest forgotten)
@@ -176,13 +113,11 @@ class VerifiersRolloutSource:
         self.gateway = Gateway(
             engines=engines, seq_len=seq_len, host=env_cfg.gateway_host, port=env_cfg.gateway_port, gate=gate
         )
+        self.runner = make_runner(env_cfg)
         self._env: Any = None
         self._tasks: list[Any] | LazyTasks = []
         self._client_cfg: Any = None
-        self._serving: asyncio.Task[None] | None = None
-        self._env_server: Any = None
-        self._ready = asyncio.Event()
-        self._stop = asyncio.Event()
+        self._started = False
         self.counts: dict[str, int] = {"ok": 0, "error": 0, "aborted": 0, "cancelled": 0}
         self.error_kinds: dict[str, int] = {}
         self.branch_splits: dict[str, int] = {}
@@ -192,11 +127,9 @@ class VerifiersRolloutSource:
         self.overflow_episodes = 0
         """Episodes with a turn that did not fit seq_len (`Episode.overlong`, status ok)."""
         self.episode_seconds = 0.0
-        self._tools_in_process = env_cfg.runner == "inprocess" and env_cfg.toolsets == "inprocess"
-        self._retains_http_clients = False
         self.cancelled_lengths: dict[str, list[int]] = {}
         """Per cancelled episode (engine key): one length per trajectory, what it had sampled when
-        cancelled (`SampledShare.split`); the dispatcher takes them for the length bias."""
+        cancelled (`SampledShare.split`); the dispatcher takes them (`take_cancelled_lengths`)."""
         self.sampled_share = SampledShare()
         self.call_log: dict[str, list[GatewayCall]] | None = None
         """When a dict (`doctor` sets one): every episode's recorded model calls, by engine key."""
@@ -215,15 +148,7 @@ class VerifiersRolloutSource:
 
         config = resolve_verifiers_config(self.env_cfg)
         self._env = vf.load_environment(config)
-        taskset = self._env.taskset
-        if taskset.bounded:
-            self._tasks = list(taskset)
-        else:
-            self._tasks = LazyTasks(lambda: iter(taskset))
-        try:
-            self._tasks[0]
-        except IndexError:
-            raise ValueError(f"env.id {self.env_cfg.id!r} loaded no tasks; check env.args") from None
+        self._load_tasks()
         requested = dict(self.env_cfg.renderer)
         token_exact = bool(requested.pop("token_exact", True))
         renderer = choose_renderer(requested, self.model_path)
@@ -236,62 +161,31 @@ class VerifiersRolloutSource:
             renderer=token_bridge.custom_config(renderer) if token_exact else renderer,
             renderer_model_name=self.model_path,
         )
-        if self.env_cfg.runner == "env_server":
-            await self._start_env_server(config)
-        else:
-            await self._start_serving()
-        if self.env_cfg.runner == "inprocess":  # the in-process harness pools its model-call clients
-            inprocess_harness.retain_http_clients()
-            self._retains_http_clients = True
+        try:
+            await self.runner.start(self._env, config)
+        except BaseException:
+            await self.gateway.stop()
+            raise
+        self._started = True
         logger.info(
             "env %s: %s examples, runner=%s, renderer=%s, gateway %s (%.1fs)",
             self.env_cfg.id, self.num_examples or "infinite (streamed)", self.env_cfg.runner,
             renderer["name"], self.gateway.base_url, time.perf_counter() - t0,
         )  # fmt: skip
 
-    async def _start_env_server(self, config: Any) -> None:
-        from prime_async.rollouts.env_server import EnvServerRunner
-
-        self._env_server = EnvServerRunner()
+    def _load_tasks(self) -> None:
+        taskset = self._env.taskset
+        if taskset.bounded:
+            self._tasks = list(taskset)
+        else:
+            self._tasks = LazyTasks(lambda: iter(taskset))
         try:
-            await self._env_server.start(config)
-        except BaseException:
-            await self.gateway.stop()
-            raise
-        self._ready.set()
-
-    async def _start_serving(self) -> None:
-        self._serving = asyncio.create_task(self._serve(), name="verifiers-serving")
-        ready = asyncio.create_task(self._ready.wait())
-        await asyncio.wait({ready, self._serving}, return_when=asyncio.FIRST_COMPLETED)
-        if self._serving.done():
-            ready.cancel()
-            await self.gateway.stop()
-            self._serving.result()  # re-raise the serving failure
-            raise RuntimeError("verifiers serving exited during startup")
-
-    async def _serve(self) -> None:
-        # verifiers' serving resources (interception servers, shared tools) are entered and exited in
-        # this one task, as their async context managers require.
-        async with self._env.serving():
-            self._ready.set()
-            await self._stop.wait()
+            self._tasks[0]
+        except IndexError:
+            raise ValueError(f"env.id {self.env_cfg.id!r} loaded no tasks; check env.args") from None
 
     async def stop(self) -> None:
-        self._stop.set()
-        if self._env_server is not None:
-            await self._env_server.stop()
-        if self._serving is not None:
-            try:
-                await asyncio.wait_for(self._serving, timeout=30)
-            except TimeoutError:
-                logger.warning("verifiers serving did not stop within 30 s; cancelling it")
-                self._serving.cancel()
-            except Exception:  # tolerated at shutdown: the failure was already surfaced to run_episode
-                logger.warning("verifiers serving failed", exc_info=True)
-        if self._retains_http_clients:
-            self._retains_http_clients = False
-            await inprocess_harness.release_http_clients()
+        await self.runner.stop()
         await self.gateway.stop()
 
     async def __aenter__(self) -> VerifiersRolloutSource:
@@ -302,22 +196,39 @@ class VerifiersRolloutSource:
         await self.stop()
 
     def _check_serving(self) -> None:
-        if not self._ready.is_set():
+        if not self._started:
             raise RuntimeError("rollout source is not started")
-        if self._serving is not None and self._serving.done():
-            error = None if self._serving.cancelled() else self._serving.exception()
-            raise RuntimeError(f"verifiers serving stopped: {error!r}")
+        self.runner.check()
 
     def task(self, example_id: int) -> Any:
         """The verifiers task of example `example_id` (IndexError past a bounded taskset)."""
         return self._tasks[example_id]
 
+    # -- declared capabilities of the RolloutSource protocol (rollouts/types.py) ----------------------
     def recorded_calls(self, engine_key: str) -> list[GatewayCall]:
         """The engine calls recorded so far by the running episode `engine_key` (none: not running)."""
         for session in self.gateway.sessions.values():
             if session.engine_key == engine_key:
                 return list(session.calls)
         return []
+
+    def take_cancelled_lengths(self, engine_key: str) -> list[int]:
+        """What the cancelled episode `engine_key` had sampled, one length per trajectory; forgotten once
+        taken (none: not cancelled, or already taken)."""
+        return self.cancelled_lengths.pop(engine_key, [])
+
+    async def freeze(self, timeout_s: float) -> None:
+        """A planned stop: the gateway forwards no call any more (`Gateway.freeze`)."""
+        await self.gateway.freeze(timeout_s)
+
+    def release(self) -> None:
+        """After the planned-stop checkpoint: the frozen gateway refuses the calls it held."""
+        self.gateway.release()
+
+    def engine_traffic(self) -> EngineTraffic:
+        """The gateway's requests in flight and last answer time, per engine URL."""
+        gateway = self.gateway
+        return EngineTraffic(pending=gateway.pending_by_engine(), last_answer=dict(gateway.last_answer))
 
     async def run_episode(
         self, *, example_id: int, engine_key: str, sampling: SamplingParams,
@@ -328,47 +239,22 @@ class VerifiersRolloutSource:
         earlier lifetime recorded for it (`rollouts/replay.py`)."""
         import verifiers.v1 as vf
 
-        from prime_async.rollouts.episode import build_episodes
-
         self._check_serving()
         task = self._tasks[example_id]  # IndexError: a bug of the caller (ids come from the DataSource)
         session = self.gateway.open_session(engine_key=engine_key, sampling=sampling, replay=replay)
-        if self._env_server is None:  # the train client runs here: spare it the GET /v1/models
+        if self.runner.client_in_process:  # the train client runs here: spare it the GET /v1/models
             prompt_limit.record(self._client_cfg.base_url, session.key, self.seq_len)
         ctx = vf.ModelContext(
             client=self._client_cfg, model=session.key, sampling=vf.SamplingConfig(**sampling.to_vllm())
         )
         t0 = time.perf_counter()
         try:
-            if self._env_server is not None:
-                vf_episode = await self._env_server.run(task, ctx)
-            else:
-                with inprocess_tools.enabled(self._tools_in_process):
-                    vf_episode = await self._env.run_episode(task, ctx)
-            episodes = build_episodes(
-                example_id=example_id, vf_episode=vf_episode, session=session, seq_len=self.seq_len
-            )
-            if all(ep.status in ("ok", "idle") for ep in episodes):
-                self.sampled_share.observe(
-                    sum(len(call.output_ids) for call in session.calls),
-                    [ep.metrics.get("sampled_tokens", 0) for ep in episodes if ep.status == "ok"],
-                )
+            episodes = await self._run(task, ctx, example_id, session)
         except asyncio.CancelledError:
-            self.counts["cancelled"] += 1
-            sampled = await asyncio.shield(self.gateway.cancel_session(session.key))
-            self.cancelled_lengths[engine_key] = self.sampled_share.split(sampled)
-            while len(self.cancelled_lengths) > CANCELLED_KEPT:  # never taken: e.g. cancelled at shutdown
-                del self.cancelled_lengths[next(iter(self.cancelled_lengths))]
+            await self._on_cancelled(engine_key, session.key)
             raise
         except Exception as e:  # tolerated: an env fault that escaped verifiers' own episode boundary
-            logger.warning(
-                "episode of example %d failed outside verifiers' boundary", example_id, exc_info=True
-            )
-            episode = Episode(
-                example_id=example_id, status="error", error=f"rollout: {type(e).__name__}: {e}"
-            )
-            episode.metrics["env_error"] = "rollout"
-            episodes = [episode]
+            episodes = [_rollout_error(example_id, e)]
         finally:
             if self.call_log is not None:
                 self.call_log[engine_key] = list(session.calls)
@@ -377,12 +263,38 @@ class VerifiersRolloutSource:
             self.episode_seconds += seconds
         for episode in episodes:
             episode.metrics["episode_seconds"] = seconds
-            self.counts[episode.status] = self.counts.get(episode.status, 0) + 1
-            if kind := episode.metrics.get("env_error"):
-                self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
-            self._count_splits(episode)
-            self._count_overflow(episode)
+            self._count(episode)
         return episodes[0] if len(episodes) == 1 else episodes
+
+    async def _run(self, task: Any, ctx: Any, example_id: int, session: Any) -> list[Episode]:
+        """Run the episode on the runner and convert it; learn the sampled share of a finished one."""
+        from prime_async.rollouts.episode import build_episodes
+
+        vf_episode = await self.runner.run(task, ctx)
+        episodes = build_episodes(
+            example_id=example_id, vf_episode=vf_episode, session=session, seq_len=self.seq_len
+        )
+        if all(ep.status in ("ok", "idle") for ep in episodes):
+            self.sampled_share.observe(
+                sum(len(call.output_ids) for call in session.calls),
+                [ep.metrics.get("sampled_tokens", 0) for ep in episodes if ep.status == "ok"],
+            )
+        return episodes
+
+    async def _on_cancelled(self, engine_key: str, session_key: str) -> None:
+        """Abort the cancelled episode's engine requests and keep what it had sampled."""
+        self.counts["cancelled"] += 1
+        sampled = await asyncio.shield(self.gateway.cancel_session(session_key))
+        self.cancelled_lengths[engine_key] = self.sampled_share.split(sampled)
+        while len(self.cancelled_lengths) > CANCELLED_KEPT:  # never taken: e.g. cancelled at shutdown
+            del self.cancelled_lengths[next(iter(self.cancelled_lengths))]
+
+    def _count(self, episode: Episode) -> None:
+        self.counts[episode.status] = self.counts.get(episode.status, 0) + 1
+        if kind := episode.metrics.get("env_error"):
+            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+        self._count_splits(episode)
+        self._count_overflow(episode)
 
     def _count_overflow(self, episode: Episode) -> None:
         """Count an episode with a turn that did not fit `seq_len` (`episode.overflow_turn`; a first
@@ -425,6 +337,14 @@ class VerifiersRolloutSource:
         out["env/gateway_requests"] = float(self.gateway.num_requests)
         out.update(self.gateway.replay_stats.metrics())
         return out
+
+
+def _rollout_error(example_id: int, e: Exception) -> Episode:
+    """The error episode of an env fault that escaped verifiers' own episode boundary (logged)."""
+    logger.warning("episode of example %d failed outside verifiers' boundary", example_id, exc_info=True)
+    episode = Episode(example_id=example_id, status="error", error=f"rollout: {type(e).__name__}: {e}")
+    episode.metrics["env_error"] = "rollout"
+    return episode
 
 
 def build_rollout_source(

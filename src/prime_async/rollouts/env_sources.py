@@ -1,4 +1,5 @@
-"""Rollout sources from env configs, and their metrics: shared by training (`orchestrator/`) and eval.
+"""The rollout sources of a run's env configs (one `VerifiersRolloutSource` each, keyed by env name), and
+their metrics summed and per env: shared by training (`orchestrator/`) and eval.
 
 Invariant: the env metrics of all sources are summed under `env/episodes/<status>`, `env/errors/<kind>`,
 `env/gateway_requests`, and also reported per env as `env/<name>/episodes/<status>` and
@@ -7,9 +8,11 @@ Invariant: the env metrics of all sources are summed under `env/episodes/<status
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prime_async.engine_api import EngineClient
+from prime_async.rollouts.types import RolloutSource
 from prime_async.weights.request_gate import RequestGate
 
 
@@ -23,7 +26,7 @@ def build_sources(
 ) -> dict[str, Any]:
     """An unstarted verifiers rollout source per env config of `envs`, keyed by env name; every gateway
     passes `gate` (the run's one gate in front of `engines`; None: each its own)."""
-    from prime_async.rollouts.source import build_rollout_source
+    from prime_async.rollouts.verifiers_source import build_rollout_source
 
     return {
         env.label: build_rollout_source(
@@ -33,7 +36,7 @@ def build_sources(
     }
 
 
-def source_metrics(sources: dict[str, Any]) -> dict[str, float]:
+def source_metrics(sources: Mapping[str, RolloutSource]) -> dict[str, float]:
     """Env metrics of every source, summed and per env (module docstring)."""
     out: dict[str, float] = {}
     for name, source in sources.items():
