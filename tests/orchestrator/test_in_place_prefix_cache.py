@@ -20,7 +20,9 @@ from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.rollouts.gateway import Gateway
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 from prime_async.weights.watcher import WeightWatcher
+from prime_async.weights.watcher_peers import WatcherSettings
 
 
 class PrefixCacheEngine:
@@ -92,12 +94,13 @@ def test_next_turn_after_in_place_update_never_reuses_old_prefix_kv() -> None:
         admission = AdmissionController(groups=groups, max_inflight_groups=4, max_buffered_groups=4,
                                         granularity="group")  # fmt: skip
         watcher = WeightWatcher(
-            engines=[engine], broadcasts=None, admission=admission, groups=groups,
-            pause_mode="in_place", update_interval=1, poll_interval_s=1.0, request_gate=gateway.gate,
+            engines=[engine],
+            loader=FilesystemLoader(type("B", (), {"path": staticmethod(lambda v: f"/b/step_{v}")})()),
+            admission=admission, groups=groups,
+            settings=WatcherSettings("in_place", 1, 1.0), request_gate=gateway.gate,
         )  # fmt: skip
         a = gateway.open_session(engine_key="0")
         b = gateway.open_session(engine_key="0")
-        watcher.broadcasts = type("B", (), {"path": staticmethod(lambda v: f"/b/step_{v}")})()
         turn_a = asyncio.create_task(gateway.generate(_body(a.key, [1, 3])))
         await gateway.generate(_body(b.key, [2, 3]))  # B's turn 1: cached at v0
         update = asyncio.create_task(watcher.update(1))
@@ -136,9 +139,10 @@ def test_shared_eval_gateways_pass_the_watchers_one_gate() -> None:
         admission = AdmissionController(groups=groups, max_inflight_groups=4, max_buffered_groups=4,
                                         granularity="group")  # fmt: skip
         watcher = WeightWatcher(
-            engines=[engine], broadcasts=type("B", (), {"path": staticmethod(lambda v: f"/b/step_{v}")})(),
-            admission=admission, groups=groups, pause_mode="in_place", update_interval=1,
-            poll_interval_s=1.0, request_gate=gate,
+            engines=[engine],
+            loader=FilesystemLoader(type("B", (), {"path": staticmethod(lambda v: f"/b/step_{v}")})()),
+            admission=admission, groups=groups, settings=WatcherSettings("in_place", 1, 1.0),
+            request_gate=gate,
         )  # fmt: skip
         assert train.gateway.gate is evals.gateway.gate is watcher.request_gate
         e = evals.gateway.open_session(engine_key="0")

@@ -12,7 +12,10 @@ from prime_async.orchestrator.admission import AdmissionController
 from prime_async.orchestrator.data_source import DataSource
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.simulation import SimParams, SimulatedEngine, run_virtual
-from prime_async.weights.watcher import BroadcastDir, WeightWatcher
+from prime_async.weights.broadcasts import BroadcastDir
+from prime_async.weights.loaders.filesystem import FilesystemLoader
+from prime_async.weights.watcher import WeightWatcher
+from prime_async.weights.watcher_peers import WatcherSettings
 
 
 class FakeGroups:
@@ -54,8 +57,9 @@ def make(mode: str, *, interval: int = 1, num_engines: int = 2, broadcasts=None)
                                     granularity="group")  # fmt: skip
     dispatcher = FakeGroups(log)
     watcher = WeightWatcher(
-        engines=engines, broadcasts=broadcasts or Broadcasts(), admission=admission, groups=dispatcher,
-        pause_mode=mode, update_interval=interval, poll_interval_s=0.5,
+        engines=engines, loader=FilesystemLoader(broadcasts or Broadcasts()), admission=admission,
+        groups=dispatcher,
+        settings=WatcherSettings(mode, interval, 0.5),
     )  # fmt: skip
     return watcher, engines, admission, dispatcher, log
 
@@ -192,14 +196,17 @@ class ForgetfulLoader:
         return self.announced
 
     async def load(self, engines, version: int, *, flush_cache: bool) -> None:
-        from prime_async.weights.watcher import VersionGone
+        from prime_async.weights.loaders.base import VersionGone
 
         if version <= self.announced - self.held:
             raise VersionGone(f"cannot send version {version}: versions held: [{self.announced - 1}, ...]")
         self.loads.append(version)
 
-    def engines_restarted(self) -> None:
+    def on_published(self, msg) -> None:
         pass
+
+    def engines_restarted(self) -> bool:
+        return True
 
 
 def test_a_version_gone_from_the_trainer_is_replaced_by_the_newest():
@@ -217,7 +224,7 @@ def test_a_version_gone_from_the_trainer_is_replaced_by_the_newest():
 
 
 def test_deterministic_runs_never_skip_a_version_that_is_gone():
-    from prime_async.weights.watcher import VersionGone
+    from prime_async.weights.loaders.base import VersionGone
 
     async def go():
         watcher, _, _, _, _ = make("drain")

@@ -1,7 +1,7 @@
 """Engine outage with `weights.transport = "distributed"`: after `/health` answers again the weight process
 group is rebuilt and the newest version is sent to every engine even when it is the served one (a
 restarted engine came back with an older version from disk and must rejoin). Fake engines, real asyncio, the
-real `WeightWatcher`; the loader is a recording fake of `DistributedWeights`' interface."""
+real `WeightWatcher`; the loader is a recording fake of `DistributedLoader`'s interface."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 from test_engine_outage import FakeAdmission, FakeDispatcher, FakeEngine, _until
 
 from prime_async.engine_api import EngineUnavailable
+from prime_async.weights import engine_outage
 from prime_async.weights import watcher as ww
+from prime_async.weights.watcher_peers import WatcherSettings
 
 
 class RecordingLoader:
@@ -27,19 +29,23 @@ class RecordingLoader:
             engine._check(f"distributed:{version}")
         self.calls.append(("load", version))
 
-    def engines_restarted(self) -> None:
+    def on_published(self, msg) -> None:
+        pass
+
+    def engines_restarted(self) -> bool:
         self.calls.append(("rejoin", -1))
+        return True
 
 
 @pytest.mark.parametrize("mode", ["retract", "in_place", "drain"])
 def test_outage_rejoins_and_resends_the_served_version(mode: str, monkeypatch) -> None:
-    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
-    monkeypatch.setattr(ww, "BACKOFF_MAX_S", 0.04)
+    monkeypatch.setattr(engine_outage, "BACKOFF_START_S", 0.01)
+    monkeypatch.setattr(engine_outage, "BACKOFF_MAX_S", 0.04)
     engine, admission, loader = FakeEngine(), FakeAdmission(), RecordingLoader(latest=2)
     engine.up = True
     watcher = ww.WeightWatcher(
-        engines=[engine], broadcasts=None, admission=admission, groups=FakeDispatcher(), pause_mode=mode,
-        update_interval=1, poll_interval_s=60.0, loader=loader,
+        engines=[engine], admission=admission, groups=FakeDispatcher(),
+        settings=WatcherSettings(mode, 1, 60.0), loader=loader,
     )  # type: ignore[arg-type]  # fmt: skip
 
     async def main() -> None:
@@ -75,13 +81,13 @@ def test_held_calls_go_on_only_after_the_restarted_engine_reloaded(mode: str, mo
     the held model calls are released, and the reload does not wait for the held groups (drain)."""
     from prime_async.weights.request_gate import RequestGate
 
-    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
-    monkeypatch.setattr(ww, "BACKOFF_MAX_S", 0.04)
+    monkeypatch.setattr(engine_outage, "BACKOFF_START_S", 0.01)
+    monkeypatch.setattr(engine_outage, "BACKOFF_MAX_S", 0.04)
     engine, admission, loader, gate = FakeEngine(), FakeAdmission(), RecordingLoader(latest=2), RequestGate()
     engine.up = True
     watcher = ww.WeightWatcher(
-        engines=[engine], broadcasts=None, admission=admission, groups=HeldGroups(gate), pause_mode=mode,
-        update_interval=1, poll_interval_s=60.0, loader=loader, request_gate=gate,
+        engines=[engine], admission=admission, groups=HeldGroups(gate),
+        settings=WatcherSettings(mode, 1, 60.0), loader=loader, request_gate=gate,
     )  # type: ignore[arg-type]  # fmt: skip
     up_at_reload: list[bool] = []
     load = loader.load
@@ -118,11 +124,11 @@ def test_deterministic_outage_at_v0_sends_the_held_calls_to_the_initial_model(mo
     which a loader cannot send; the held calls go on at once and v1 loads after them, in turn."""
     from prime_async.weights.request_gate import RequestGate
 
-    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
+    monkeypatch.setattr(engine_outage, "BACKOFF_START_S", 0.01)
     engine, admission, loader, gate = FakeEngine(), FakeAdmission(), RecordingLoader(latest=1), RequestGate()
     watcher = ww.WeightWatcher(
-        engines=[engine], broadcasts=None, admission=admission, groups=HeldGroups(gate), pause_mode="drain",
-        update_interval=1, poll_interval_s=60.0, loader=loader, request_gate=gate, schedule=Schedule(),
+        engines=[engine], admission=admission, groups=HeldGroups(gate),
+        settings=WatcherSettings("drain", 1, 60.0), loader=loader, request_gate=gate, schedule=Schedule(),
     )  # type: ignore[arg-type]  # fmt: skip
 
     async def main() -> None:

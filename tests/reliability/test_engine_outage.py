@@ -13,7 +13,10 @@ import asyncio
 import pytest
 
 from prime_async.engine_api import EngineUnavailable
+from prime_async.weights import engine_outage
 from prime_async.weights import watcher as ww
+from prime_async.weights.loaders.filesystem import FilesystemLoader
+from prime_async.weights.watcher_peers import WatcherSettings
 
 
 class FakeEngine:
@@ -85,8 +88,9 @@ class Broadcasts:
 
 def _watcher(engine: FakeEngine, admission: FakeAdmission, latest: int | None, mode: str) -> ww.WeightWatcher:
     return ww.WeightWatcher(
-        engines=[engine], broadcasts=Broadcasts(latest), admission=admission, groups=FakeDispatcher(),
-        pause_mode=mode, update_interval=1, poll_interval_s=0.01,
+        engines=[engine], loader=FilesystemLoader(Broadcasts(latest)), admission=admission,
+        groups=FakeDispatcher(),
+        settings=WatcherSettings(mode, 1, 0.01),
     )  # type: ignore[arg-type]  # fmt: skip
 
 
@@ -99,8 +103,8 @@ async def _until(predicate, timeout_s: float = 10.0) -> None:
 
 @pytest.mark.parametrize("mode", ["retract", "in_place", "drain"])
 def test_update_during_outage_holds_dispatch_then_recovers(mode: str, monkeypatch) -> None:
-    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
-    monkeypatch.setattr(ww, "BACKOFF_MAX_S", 0.04)
+    monkeypatch.setattr(engine_outage, "BACKOFF_START_S", 0.01)
+    monkeypatch.setattr(engine_outage, "BACKOFF_MAX_S", 0.04)
     engine, admission = FakeEngine(), FakeAdmission()
     watcher = _watcher(engine, admission, latest=1, mode=mode)
 
@@ -120,7 +124,7 @@ def test_update_during_outage_holds_dispatch_then_recovers(mode: str, monkeypatc
 
 
 def test_gateway_report_holds_dispatch_until_health(monkeypatch) -> None:
-    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
+    monkeypatch.setattr(engine_outage, "BACKOFF_START_S", 0.01)
     engine, admission = FakeEngine(), FakeAdmission()
     engine.up = True
     watcher = _watcher(engine, admission, latest=None, mode="retract")
@@ -156,13 +160,13 @@ def test_outage_during_a_drain_recovers_before_the_held_groups_finish(monkeypatc
     give up the drain, recover (the gate reopens, the calls go on) and load the version afterwards."""
     from prime_async.weights.request_gate import RequestGate
 
-    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.01)
-    monkeypatch.setattr(ww, "BACKOFF_MAX_S", 0.04)
+    monkeypatch.setattr(engine_outage, "BACKOFF_START_S", 0.01)
+    monkeypatch.setattr(engine_outage, "BACKOFF_MAX_S", 0.04)
     engine, admission, groups, gate = FakeEngine(), FakeAdmission(), BusyGroups(), RequestGate()
     engine.up = True
     watcher = ww.WeightWatcher(
-        engines=[engine], broadcasts=Broadcasts(1), admission=admission, groups=groups, pause_mode="drain",
-        update_interval=1, poll_interval_s=0.01, request_gate=gate,
+        engines=[engine], loader=FilesystemLoader(Broadcasts(1)), admission=admission, groups=groups,
+        settings=WatcherSettings("drain", 1, 0.01), request_gate=gate,
     )  # type: ignore[arg-type]  # fmt: skip
 
     async def main() -> None:

@@ -24,8 +24,11 @@ from prime_async.engine_api import SamplingParams
 from prime_async.inference.client import HttpEngineClient
 from prime_async.rollouts.gateway import GENERATE_ROUTE, Gateway
 from prime_async.rollouts.seeds import call_seed
+from prime_async.weights import engine_outage
 from prime_async.weights import watcher as ww
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 from prime_async.weights.request_gate import RequestGate
+from prime_async.weights.watcher_peers import WatcherSettings
 
 
 def _free_port() -> int:
@@ -121,8 +124,8 @@ async def _rig(port: int, gate: RequestGate, *, watcher: bool = True) -> tuple[G
     task = None
     if watcher:
         w = ww.WeightWatcher(
-            engines=[engine], broadcasts=NoBroadcasts(), admission=Admission(), groups=Groups(),
-            pause_mode="retract", update_interval=1, poll_interval_s=0.05, request_gate=gate,
+            engines=[engine], loader=FilesystemLoader(NoBroadcasts()), admission=Admission(), groups=Groups(),
+            settings=WatcherSettings("retract", 1, 0.05), request_gate=gate,
         )  # type: ignore[arg-type]  # fmt: skip
         task = asyncio.create_task(w.run())
     await gateway.start()
@@ -147,8 +150,8 @@ async def _until(predicate: Any, timeout_s: float = 10.0) -> None:
 
 @pytest.fixture(autouse=True)
 def _fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ww, "BACKOFF_START_S", 0.05)
-    monkeypatch.setattr(ww, "BACKOFF_MAX_S", 0.1)
+    monkeypatch.setattr(engine_outage, "BACKOFF_START_S", 0.05)
+    monkeypatch.setattr(engine_outage, "BACKOFF_MAX_S", 0.1)
 
 
 def test_call_killed_mid_request_is_sent_again_with_its_seed() -> None:

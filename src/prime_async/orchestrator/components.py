@@ -37,8 +37,12 @@ from prime_async.orchestrator.types import Group
 from prime_async.rollouts.teacher import TeacherScorer
 from prime_async.rollouts.types import RolloutSource
 from prime_async.utils.stall import StallWatch
+from prime_async.weights.broadcasts import Broadcasts
+from prime_async.weights.loaders.base import WeightLoader
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 from prime_async.weights.request_gate import RequestGate
-from prime_async.weights.watcher import Broadcasts, UpdateSignal, WeightLoader, WeightWatcher
+from prime_async.weights.watcher import UpdateSignal, WeightWatcher
+from prime_async.weights.watcher_peers import WatcherSettings
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +72,9 @@ class ComponentInputs:
     engines, and the pieces built before the components (`main._run_lifetime`).
 
     `source` is the rollout source of each training env by name (a single source serves a one-env run);
+    `loader` brings versions to the engines (default: the filesystem loader over `broadcasts`);
     `request_gate` is the one gate every gateway in front of the training engines passes, `signal` what
-    the control channel wakes the watcher with; both are given to the watcher."""
+    the control channel wakes the watcher with; all three are given to the watcher."""
 
     source: RolloutSource | Mapping[str, RolloutSource]
     engines: Sequence[EngineClient]
@@ -154,21 +159,17 @@ def _watcher(
     cfg: OrchestratorConfig, inputs: ComponentInputs, admission: AdmissionController, groups: GroupTable,
     schedule: DeterministicSchedule | None,
 ) -> WeightWatcher:  # fmt: skip
-    return WeightWatcher(
-        engines=inputs.engines,
-        broadcasts=inputs.broadcasts,
-        admission=admission,
-        groups=groups,
+    settings = WatcherSettings(
         pause_mode="drain" if schedule is not None else cfg.weights.pause_mode,
         update_interval=cfg.weights.update_interval,
         poll_interval_s=cfg.weights.poll_interval_s,
-        clock=inputs.clock,
-        schedule=schedule,
-        loader=inputs.loader,
-        request_gate=inputs.request_gate,
-        stalls=inputs.stalls,
-        signal=inputs.signal,
     )
+    loader = inputs.loader if inputs.loader is not None else FilesystemLoader(inputs.broadcasts)
+    return WeightWatcher(
+        engines=inputs.engines, loader=loader, admission=admission, groups=groups, settings=settings,
+        clock=inputs.clock, schedule=schedule, request_gate=inputs.request_gate, stalls=inputs.stalls,
+        signal=inputs.signal,
+    )  # fmt: skip
 
 
 def _schedule(cfg: OrchestratorConfig, start_step: int) -> DeterministicSchedule | None:
