@@ -32,9 +32,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 def check_run_envs(cfg: RLConfig) -> None:
     """Before anything starts (`--dry-run` too): every environment of the run is installed ("did you
     mean" otherwise), imports, and its args and config validate (`rollouts/env_check.py`)."""
-    from prime_async.rollouts.env_check import check_envs
+    from prime_async.rollouts.verifiers_config import validate_envs
 
-    check_envs(cfg.orchestrator)
+    validate_envs(cfg.orchestrator)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,16 @@
 ("did you mean" over the installed ones when not), its module imports, and its args and config validate
 against the environment's own config classes (an error names the class the key belongs to).
 
-    rl @ rl.toml [--dry-run] ─parse─► check_envs(orchestrator.envs + orchestrator.eval.envs)
+    rl @ rl.toml [--dry-run] ─parse─► verifiers_config.validate_envs(env_keys(orchestrator))
         find_env(id): the module verifiers would import (`reverse-text` -> `reverse_text`) exists?
             no ─► ValueError "... did you mean 'reverse-text'? (installed: ...)"
-        source.resolve_verifiers_config(env): imports the env, validates args/config (verifiers' own path)
+        resolve_verifiers_config(env): imports the env, validates args/config (verifiers' own path);
+            a failure is described here (`describe_error`: the config class a key belongs to)
 
-Called by `entrypoints/rl.py` (through the loader's `check` hook, so `--dry-run` runs it too) before the
-launcher starts any process. `import verifiers.v1` takes seconds, so it happens only here and only when
-an env is to be validated, never at module import.
+Used by `verifiers_config.py` (`validate_envs`, called by `entrypoints/rl.py` through the loader's `check`
+hook, so `--dry-run` runs it too) before the launcher starts any process; imports nothing of rollouts/.
+`import verifiers.v1` takes seconds, so it happens only when an env is to be validated, never at module
+import.
 
 Invariants: an installed environment is a distribution that requires `verifiers` (prime-async itself
 excepted) or a taskset that ships with verifiers (`verifiers.v1.tasksets`); ids compare as verifiers
@@ -24,9 +26,12 @@ import importlib.metadata
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prime_async.config.env import EnvBaseConfig
+
+if TYPE_CHECKING:
+    from prime_async.config.orchestrator import OrchestratorConfig
 
 _REQUIRES_VERIFIERS = re.compile(r"^verifiers\b", re.IGNORECASE)
 _SELF = "prime-async"
@@ -117,21 +122,12 @@ def config_owner(env_cfg: EnvBaseConfig, loc: tuple[Any, ...]) -> Any:
     return model
 
 
-def env_keys(cfg: Any) -> list[tuple[str, EnvBaseConfig]]:
+def env_keys(cfg: OrchestratorConfig) -> list[tuple[str, EnvBaseConfig]]:
     """(config key, env) of every environment of an orchestrator config: training, then eval."""
     train = list(cfg.envs)
     out = [
         ("orchestrator.env" if len(train) == 1 else f"orchestrator.envs[{i}]", e) for i, e in enumerate(train)
     ]
-    evals = list(cfg.eval.envs) if getattr(cfg, "eval", None) is not None else []
+    evals = list(cfg.eval.envs) if cfg.eval is not None else []
     out += [(f"orchestrator.eval.envs[{i}]", e) for i, e in enumerate(evals)]
     return out
-
-
-def check_envs(orchestrator_cfg: Any) -> None:
-    """Import every environment of the run and validate its args and config (module docstring)."""
-    from prime_async.rollouts.verifiers_config import resolve_verifiers_config
-
-    for key, env_cfg in env_keys(orchestrator_cfg):
-        find_env(env_cfg.id, f"{key}.id")
-        resolve_verifiers_config(env_cfg, key=key)

@@ -2,7 +2,8 @@
 with the runner's harness and the subprocess runtime, the user's `env.config` merged over them, resolved by
 verifiers with one-line errors (`env_check.py`).
 
-Who calls it: `verifiers_source.py` (loading the env), `env_check.py` (`rl --dry-run`), `sft/data.py`.
+Who calls it: `verifiers_source.py` (loading the env), `entrypoints/rl.py` (`validate_envs`: every env of
+a run checked before anything starts, `--dry-run` too), `sft/data.py`.
 Importing it is cheap; verifiers is imported by the functions.
 
 Invariants:
@@ -15,12 +16,15 @@ Invariants:
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prime_async.config.dicts import deep_merge
 from prime_async.config.env import EnvBaseConfig
 from prime_async.rollouts import env_check
 from prime_async.rollouts.runners import RUNNERS
+
+if TYPE_CHECKING:
+    from prime_async.config.orchestrator import OrchestratorConfig
 
 
 def verifiers_env_config(env_cfg: EnvBaseConfig) -> dict[str, Any]:
@@ -74,3 +78,11 @@ def resolve_verifiers_config(env_cfg: EnvBaseConfig, *, key: str = "orchestrator
         more = f"; {e.error_count() - 1} more error(s)" if e.error_count() > 1 else ""
         reason = env_check.describe_error(env_cfg, err)
         raise ValueError(f"{key}.{where}.{path}: {reason} (environment {env_cfg.id!r}{more})") from None
+
+
+def validate_envs(orchestrator_cfg: OrchestratorConfig) -> None:
+    """Every environment of the run (training, then eval) installed, importable, and its args and
+    config valid; the first failure raises one ValueError line naming its key (`env_check.py`)."""
+    for key, env_cfg in env_check.env_keys(orchestrator_cfg):
+        env_check.find_env(env_cfg.id, f"{key}.id")
+        resolve_verifiers_config(env_cfg, key=key)
