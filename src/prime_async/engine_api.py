@@ -51,15 +51,6 @@ class SamplingParams:
 
 
 @dataclass
-class VersionSpan:
-    """Output positions [start, end) were sampled under weights `version` (SGLang `weight_versions`)."""
-
-    version: int
-    start: int
-    end: int
-
-
-@dataclass
 class GenerateResult:
     """One `/generate` answer reduced to what RL needs.
 

@@ -30,9 +30,6 @@ import torch
 from prime_async.weights.broadcasts import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# fused projection of the runner -> the HF modules it concatenates (in row order)
-FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
-         "down": ("down_proj",)}  # fmt: skip
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 

@@ -12,11 +12,9 @@ Invariants (enforced by the components that build them, stated here so all agree
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from prime_async.rollouts.types import Episode
-
-EpisodeOutcome = Literal["trained", "dropped_stale", "filtered", "errored", "cancelled"]
 
 
 @dataclass

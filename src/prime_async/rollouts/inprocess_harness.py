@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["InProcessChatHarness", "InProcessChatHarnessConfig", "chat_program"]
 
 HARNESS_ID = "prime_async_chat"
-MODEL_TRANSPORT_ERROR_EXIT_CODE = 97  # verifiers.v1.errors.MODEL_TRANSPORT_ERROR_EXIT_CODE
 
 
 def register() -> str:

@@ -108,10 +108,6 @@ class RequestGate:
     def is_open(self) -> bool:
         return self._open.is_set()
 
-    @property
-    def num_active(self) -> int:
-        return self._active
-
     def close(self) -> None:
         self._open.clear()
 
