@@ -68,7 +68,7 @@ def side(args: argparse.Namespace) -> dict:
     from prime_async.config.trainer import TrainerConfig
     from prime_async.inference.engine import Engine
     from prime_async.trainer.fsdp import FsdpBackend
-    from prime_async.weights.publish import WeightPublisher
+    from prime_async.weights.writer import BroadcastWriter
 
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -101,7 +101,7 @@ def side(args: argparse.Namespace) -> dict:
     }
     if device.type == "cuda":
         figures["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    pub = WeightPublisher(output_dir=out, model_config=backend.pretrained_config(), source_dir=args.model,
+    pub = BroadcastWriter(output_dir=out, model_config=backend.pretrained_config(), source_dir=args.model,
                           keep_last=args.updates + 1)  # fmt: skip
     publish_s, paths = [], []
     for v in range(1, args.updates + 1):

@@ -9,9 +9,10 @@ state dict in memory (as `hf_state_dict()` returns it after the FSDP gather, whi
 repeat and per path, with the same tensors (perturbed per version so every load changes the weights):
 
     raw safetensors   save_file + fsync, then load_file of the same file (no engine involved)
-    filesystem        publish = WeightPublisher.publish (broadcasts/step_N, config, tokenizer, fsync, STABLE)
+    filesystem        publish = BroadcastWriter.publish (broadcasts/step_N, config, tokenizer, fsync, STABLE)
                       load    = /update_weights_from_disk + a 1-token /generate (the engine serves N)
-    distributed       publish = the trainer's snapshot (copy to CPU) + bucket plan (WeightSync.publish)
+    distributed       publish = the trainer's snapshot (copy to CPU) + bucket plan
+                                (DistributedPublisher.publish)
                       load    = every bucket broadcast (gloo) while /update_weights_from_distributed
                                 receives it + a 1-token /generate (derived weights rebuilt on first use)
     shared            publish = SharedStore.put (copy into one flat buffer: /dev/shm on CPU, the GPU on cuda)
@@ -43,9 +44,9 @@ from safetensors.torch import load_file, save_file
 
 from prime_async.launcher.identity import free_ports
 from prime_async.weights.process_group import join_weight_group, metas_of, plan_buckets, send_bucket
-from prime_async.weights.publish import WeightPublisher
 from prime_async.weights.shared_memory import SharedStore
 from prime_async.weights.shared_wire import SHARED_LOAD_FORMAT, encode_share
+from prime_async.weights.writer import BroadcastWriter
 
 
 def start_engine(model: Path, work: Path, device: str = "cpu") -> tuple[subprocess.Popen, str]:
@@ -98,7 +99,7 @@ def raw_roundtrip(state: dict[str, torch.Tensor], path: Path) -> tuple[float, fl
     return t1 - t0, time.perf_counter() - t1
 
 
-def filesystem_version(url: str, publisher: WeightPublisher, state, version: int) -> tuple[float, float]:
+def filesystem_version(url: str, publisher: BroadcastWriter, state, version: int) -> tuple[float, float]:
     t0 = time.perf_counter()
     path = publisher.publish(state, version)
     t1 = time.perf_counter()
@@ -196,7 +197,7 @@ def main() -> None:
     proc, url = start_engine(args.model, work, args.device)
     store = SharedStore(torch.device(args.device), keep=2)
     try:
-        publisher = WeightPublisher(output_dir=work, model_config=config, source_dir=args.model, keep_last=2)
+        publisher = BroadcastWriter(output_dir=work, model_config=config, source_dir=args.model, keep_last=2)
         group = Group(url) if args.device == "cpu" else None
         paths = ["raw safetensors", "filesystem", "shared"] + (["distributed"] if group else [])
         rows: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}

@@ -27,7 +27,7 @@ from prime_async.weights.process_group import (
     plan_buckets,
     send_bucket,
 )
-from prime_async.weights.publish import WeightPublisher
+from prime_async.weights.writer import BroadcastWriter
 from proc_helpers import free_port, start_embedded_engine
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
@@ -148,7 +148,7 @@ def test_nccl_versions_equal_filesystem(cuda_engine, tiny_model_dir: Path) -> No
 def check_versions_equal_filesystem(engine, tiny_model_dir: Path, backend: str) -> None:
     url, work = engine
     rank0 = Rank0(url, f"test-equal-{backend}", backend)
-    publisher = WeightPublisher(
+    publisher = BroadcastWriter(
         output_dir=work, model_config=_config(tiny_model_dir), source_dir=tiny_model_dir, keep_last=2
     )
     try:
@@ -185,7 +185,7 @@ def check_shared_equals_filesystem(engine, tiny_model_dir: Path, device: torch.d
 
     url, work = engine
     store = SharedStore(device, keep=2)
-    publisher = WeightPublisher(
+    publisher = BroadcastWriter(
         output_dir=work / device.type, model_config=_config(tiny_model_dir), source_dir=tiny_model_dir,
         keep_last=2,
     )  # fmt: skip

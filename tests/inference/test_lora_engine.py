@@ -18,7 +18,7 @@ from prime_async.config.trainer import MaskLossConfig, TrainerConfig
 from prime_async.testing.synthetic import make_batch
 from prime_async.trainer.fsdp import FsdpBackend
 from prime_async.transport.zmq_batches import RankBatch
-from prime_async.weights.publish import WeightPublisher
+from prime_async.weights.writer import BroadcastWriter
 from proc_helpers import free_port, wait_healthy
 
 LORA = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -33,7 +33,7 @@ def _train_adapters(model_dir: Path, out: Path, versions: int) -> tuple[FsdpBack
          "loss": MaskLossConfig(ratio_low=1e-6, ratio_high=1e6).model_dump(), "optim": {"lr": 5e-2}}
     )  # fmt: skip
     backend = FsdpBackend(cfg, torch.device("cpu"), 1)
-    pub = WeightPublisher(output_dir=out, model_config=backend.pretrained_config(), source_dir=model_dir,
+    pub = BroadcastWriter(output_dir=out, model_config=backend.pretrained_config(), source_dir=model_dir,
                           keep_last=versions + 1)  # fmt: skip
     paths = []
     for step in range(versions):

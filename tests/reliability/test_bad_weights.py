@@ -1,7 +1,7 @@
 """Incomplete or failed weight writes: nothing half-written is ever loaded, the old weights stay.
 
 - a write that fails mid-file (a full disk: ENOSPC raised by the tensor writer after half the bytes) raises
-  out of `WeightPublisher.publish`, leaves no `step_N`, and every reader (the orchestrator's
+  out of `BroadcastWriter.publish`, leaves no `step_N`, and every reader (the orchestrator's
   `BroadcastDir`, the launcher's restart lookup) still answers the previous version;
 - a directory without `STABLE` is never used by either reader;
 - a `STABLE` directory whose tensor file is truncated (what a crash of a non-atomic writer leaves) is refused
@@ -24,9 +24,9 @@ import torch
 from transformers import AutoConfig
 
 from prime_async.launcher.restart import latest_stable_broadcast
-from prime_async.weights import publish as weights_mod
-from prime_async.weights.publish import WeightPublisher
-from prime_async.weights.watcher import BroadcastDir
+from prime_async.weights import writer as weights_mod
+from prime_async.weights.broadcasts import BroadcastDir
+from prime_async.weights.writer import BroadcastWriter
 from proc_helpers import free_port, wait_healthy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6}
@@ -42,7 +42,7 @@ def test_full_disk_during_publish_leaves_the_previous_version(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch
 ):
     torch.set_num_threads(1)
-    publisher = WeightPublisher(
+    publisher = BroadcastWriter(
         output_dir=tmp_path, model_config=AutoConfig.from_pretrained(tiny_model_dir),
         source_dir=tiny_model_dir, keep_last=2,
     )  # fmt: skip

@@ -15,7 +15,7 @@ from prime_async.config.trainer import MaskLossConfig, OptimConfig, TrainerConfi
 from prime_async.testing.synthetic import make_batch
 from prime_async.trainer.fsdp import FsdpBackend
 from prime_async.transport.zmq_batches import RankBatch
-from prime_async.weights.publish import WeightPublisher
+from prime_async.weights.writer import BroadcastWriter
 
 
 def _rank_batch(step: int) -> RankBatch:
@@ -69,7 +69,7 @@ def test_adapter_broadcast_loads_with_peft(tiny_model_dir: Path, tmp_path: Path)
 
     backend = _backend(_cfg(tiny_model_dir, tmp_path))
     backend.train_rank_batch(_rank_batch(0))
-    pub = WeightPublisher(
+    pub = BroadcastWriter(
         output_dir=tmp_path, model_config=backend.pretrained_config(), source_dir=tiny_model_dir, keep_last=2
     )
     config, tensors = backend.lora_adapter()
@@ -133,7 +133,7 @@ def test_merged_export_loads_in_transformers(tiny_model_dir: Path, tmp_path: Pat
 
     backend = _backend(_cfg(tiny_model_dir, tmp_path))
     backend.train_rank_batch(_rank_batch(0))
-    pub = WeightPublisher(
+    pub = BroadcastWriter(
         output_dir=tmp_path, model_config=backend.pretrained_config(), source_dir=tiny_model_dir, keep_last=2
     )
     adapter = pub.publish_adapter(*backend.lora_adapter(), 1)

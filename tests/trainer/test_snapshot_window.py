@@ -11,7 +11,7 @@ import pytest
 
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.config.trainer import TrainerConfig
-from prime_async.weights.sync import KEEP_SNAPSHOTS, snapshots_to_keep
+from prime_async.weights.publishers.base import KEEP_SNAPSHOTS, snapshots_to_keep
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 8])
@@ -22,7 +22,7 @@ def test_deterministic_trainer_holds_k_plus_1_versions(k: int) -> None:
 
 
 def test_deterministic_orchestrator_remembers_every_loadable_announcement() -> None:
-    from prime_async.weights.transfer import build_control
+    from prime_async.weights.loaders import build_control
     from prime_async.weights.watcher import UpdateSignal
     from proc_helpers import free_pair
 

@@ -17,7 +17,7 @@ from prime_async.trainer.loss import NonFiniteError, build_loss_fn
 from prime_async.trainer.optim import build_optimizer, lr_factor
 from prime_async.trainer.train import check_staleness
 from prime_async.transport.zmq_batches import RankBatch
-from prime_async.weights.publish import WeightPublisher
+from prime_async.weights.writer import BroadcastWriter
 
 
 @pytest.fixture()
@@ -31,7 +31,7 @@ def model(tiny_model_dir):
 def test_publish_loadable_and_retention(model, tiny_model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    pub = WeightPublisher(
+    pub = BroadcastWriter(
         output_dir=tmp_path, model_config=model.config, source_dir=tiny_model_dir, keep_last=2
     )
     for v in range(1, 6):

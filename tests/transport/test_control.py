@@ -2,10 +2,10 @@
 
 - `Published` events reach the orchestrator and wake the weight watcher at once (event-driven: the
   fallback poll is 60 s here, the update happens within a second);
-- the distributed handshake end to end: the trainer side (`WeightSync`, joining a real gloo group as
-  rank 0) and `DistributedWeights` driving a real embedded engine process; a version the trainer no
+- the distributed handshake end to end: the trainer side (`DistributedPublisher`, joining a real gloo group as
+  rank 0) and `DistributedLoader` driving a real embedded engine process; a version the trainer no
   longer holds is refused before the engine is asked to receive, and the group survives it;
-- the shared-memory handshake (Lend, the engine's copy, GiveBack) with `WeightSync` and `SharedWeights`;
+- the shared-memory handshake (Lend, the engine's copy, GiveBack) with `SharedPublisher` and `SharedLoader`;
 - malformed frames raise `WireError`; a transport mismatch fails the watcher with a clear message.
 """
 
@@ -25,7 +25,8 @@ from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.config.trainer import TrainerConfig
 from prime_async.transport.wire import WireError
 from prime_async.weights.control import ControlClient, Published, decode
-from prime_async.weights.transfer import build_control
+from prime_async.weights.loaders import build_control
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 from prime_async.weights.watcher import UpdateSignal
 from proc_helpers import free_pair, free_port
 
@@ -64,7 +65,7 @@ def test_published_event_reaches_the_orchestrator_and_fails_on_transport_mismatc
         return loader, latency, errors
 
     loader, latency, errors = asyncio.run(go())
-    assert loader is None  # filesystem: no distributed loader
+    assert isinstance(loader, FilesystemLoader)  # every transport has a loader
     assert latency < 5.0
     assert errors and "weights.transport = 'filesystem'" in str(errors[0])
 
@@ -105,8 +106,8 @@ def test_distributed_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path:
     from transformers import AutoConfig
 
     from prime_async.inference.client import HttpEngineClient
-    from prime_async.weights.publish import WeightPublisher
-    from prime_async.weights.sync import WeightSync
+    from prime_async.weights.publishers import Weights, build_publisher
+    from prime_async.weights.writer import BroadcastWriter
 
     url, engine_log = engine_url
     port, master = free_pair(), free_port()
@@ -116,9 +117,7 @@ def test_distributed_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path:
         {"transport": {"port": port}, "weights": weights, "output_dir": str(tmp_path)}
     )
     config = AutoConfig.from_pretrained(tiny_model_dir)
-    publisher = WeightPublisher(
-        output_dir=tmp_path, model_config=config, source_dir=tiny_model_dir, keep_last=2
-    )
+    writer = BroadcastWriter(output_dir=tmp_path, model_config=config, source_dir=tiny_model_dir, keep_last=2)
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     state = {k: v + 0.01 for k, v in base.items()}
 
@@ -126,10 +125,12 @@ def test_distributed_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path:
         signal = UpdateSignal()
         control, loader = build_control(orch_cfg, signal)
         published = signal.event
-        sync = WeightSync(trainer_cfg, publisher, torch.device("cpu"), tied=bool(config.tie_word_embeddings))
+        publisher = build_publisher(
+            trainer_cfg, writer, torch.device("cpu"), tied=bool(config.tie_word_embeddings)
+        )
         engine = HttpEngineClient(url)
         try:
-            sync.publish(state, 1, protected=(), on_disk=False)
+            publisher.publish(Weights(state), 1, protected=(), on_disk=False)
             await asyncio.wait_for(published.wait(), 30)
             assert loader.latest() == 1
             await loader.load([engine], 1, flush_cache=True)
@@ -137,7 +138,7 @@ def test_distributed_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path:
             state2 = {k: v + 1 for k, v in state.items()}
             for v in (2, 3, 4):  # the trainer keeps only its newest two snapshots
                 published.clear()
-                sync.publish(state2 if v == 2 else state, v, protected=(), on_disk=False)
+                publisher.publish(Weights(state2 if v == 2 else state), v, protected=(), on_disk=False)
                 await asyncio.wait_for(published.wait(), 30)
             loads = engine_log.read_text().count("tensors from group")
             with pytest.raises(RuntimeError, match="cannot send version 2"):
@@ -147,7 +148,7 @@ def test_distributed_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path:
             await loader.load([engine], 4, flush_cache=True)  # the group survives a refusal
             assert await engine.weight_version() == 4
         finally:
-            sync.close()
+            publisher.close()
             await engine.aclose()
             await control.close()
         return loads
@@ -159,16 +160,17 @@ def test_distributed_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path:
 
 @pytest.mark.timeout(1200)
 def test_shared_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path: Path, engine_url):
-    """`weights.transport = "shared"`: WeightSync keeps versions in shared memory, `SharedWeights` has
+    """`weights.transport = "shared"`: SharedPublisher keeps versions in shared memory, `SharedLoader` has
     them lent (Lend), copied by a real engine, and given back (GiveBack); a version the trainer no longer
     holds is `VersionGone` before the engine is asked anything."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
     from prime_async.inference.client import HttpEngineClient
-    from prime_async.weights.publish import WeightPublisher
-    from prime_async.weights.sync import WeightSync
-    from prime_async.weights.watcher import VersionGone
+    from prime_async.weights.loaders.base import VersionGone
+    from prime_async.weights.publishers import Weights
+    from prime_async.weights.publishers.shared import SharedPublisher
+    from prime_async.weights.writer import BroadcastWriter
 
     url, engine_log = engine_url
     port = free_pair()
@@ -179,33 +181,35 @@ def test_shared_handshake_trainer_to_engine(tiny_model_dir: Path, tmp_path: Path
         {"transport": {"port": port}, "weights": {"transport": "shared"}, "output_dir": str(tmp_path)}
     )
     config = AutoConfig.from_pretrained(tiny_model_dir)
-    publisher = WeightPublisher(
-        output_dir=tmp_path, model_config=config, source_dir=tiny_model_dir, keep_last=2
-    )
+    writer = BroadcastWriter(output_dir=tmp_path, model_config=config, source_dir=tiny_model_dir, keep_last=2)
     base = load_file(str(tiny_model_dir / "model.safetensors"))
 
     async def go():
         signal = UpdateSignal()
         control, loader = build_control(orch_cfg, signal)
-        sync = WeightSync(trainer_cfg, publisher, torch.device("cpu"), tied=bool(config.tie_word_embeddings))
+        publisher = SharedPublisher(
+            trainer_cfg, writer, torch.device("cpu"), tied=bool(config.tie_word_embeddings)
+        )
         engine = HttpEngineClient(url)
         try:
             for v in (1, 2, 3, 4):  # the trainer keeps its newest two
                 signal.event.clear()
-                sync.publish({k: t + v for k, t in base.items()}, v, protected=(), on_disk=False)
+                publisher.publish(
+                    Weights({k: t + v for k, t in base.items()}), v, protected=(), on_disk=False
+                )
                 await asyncio.wait_for(signal.event.wait(), 30)
                 if v == 1:
                     await loader.load([engine], 1, flush_cache=True)
                     assert await engine.weight_version() == 1
-                    assert sync.shared.versions() == [1]  # given back: droppable like any other
-            assert loader.latest() == 4 and sync.shared.versions() == [3, 4]
+                    assert publisher.store.versions() == [1]  # given back: droppable like any other
+            assert loader.latest() == 4 and publisher.store.versions() == [3, 4]
             with pytest.raises(VersionGone, match="cannot lend version 2"):
                 await loader.load([engine], 2, flush_cache=True)
             assert engine_log.read_text().count("from shared memory") == 1  # engine never asked
             await loader.load([engine], 4, flush_cache=True)
             assert await engine.weight_version() == 4
         finally:
-            sync.close()
+            publisher.close()
             await engine.aclose()
             await control.close()
 

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from prime_async.config.orchestrator import OrchestratorEvalConfig
 from prime_async.engine_api import EngineClient
 from prime_async.eval.episodes import Decode, EvalEnv, EvalResult, evaluate
-from prime_async.weights.watcher import Broadcasts
+from prime_async.weights.broadcasts import Broadcasts
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from prime_async.eval.in_run import InRunEval, due_versions
 from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
 from prime_async.rollouts.engine_checks import check_engines_belong_to_run, wait_for_engines
 from prime_async.rollouts.env_sources import build_sources
-from prime_async.weights.watcher import BroadcastDir, WeightWatcher
+from prime_async.weights.broadcasts import BroadcastDir
+from prime_async.weights.watcher import WeightWatcher
 
 if TYPE_CHECKING:
     from prime_async.utils.monitor import Monitor

@@ -39,8 +39,10 @@ from prime_async.rollouts.teacher import TeacherScorer
 from prime_async.rollouts.types import RolloutSource
 from prime_async.transport.types import TrainBatch
 from prime_async.utils.stall import StallWatch
+from prime_async.weights.broadcasts import BroadcastDir
+from prime_async.weights.loaders.base import WeightLoader
 from prime_async.weights.request_gate import RequestGate
-from prime_async.weights.watcher import BroadcastDir, UpdateSignal, WeightLoader
+from prime_async.weights.watcher import UpdateSignal
 
 if TYPE_CHECKING:
     from prime_async.transport.zmq_batches import BatchSender
@@ -103,7 +105,7 @@ def _open(cfg: OrchestratorConfig) -> LifetimeIO:
     from prime_async.inference.client import engine_clients
     from prime_async.transport.zmq_batches import BatchSender
     from prime_async.utils.monitor import Monitor
-    from prime_async.weights.transfer import build_control
+    from prime_async.weights.loaders import build_control
 
     inf = cfg.inference
     engines = engine_clients(

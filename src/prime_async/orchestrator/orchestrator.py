@@ -8,7 +8,7 @@ composition root is `main.py`. No component imports this.
                   TrainSink ── get_batch(n): sweep vs K, take oldest ─► build_train_batch ─► BatchSender
                                                                                 │ (ZMQ, pull by trainer)
     trainer ── broadcasts/step_N/STABLE ──► WeightWatcher ───────────────────────┘
-            ── Published(N) (control channel) ──► wakes it; distributed: DistributedWeights loads N
+            ── Published(N) (control channel) ──► wakes it; its WeightLoader (weights/loaders/) loads N
 
 Main loop, step n: wait for batch n from the sink (backpressure point: the trainer pulls batches, and
 admission stops dispatch when `next_batch_step - served_version > K`), cut it (the group table moves the

@@ -16,7 +16,7 @@ import torch
 
 from prime_async.config.export import ExportLoraConfig
 from prime_async.weights.broadcasts import read_adapter_config
-from prime_async.weights.publish import TOKENIZER_FILES
+from prime_async.weights.writer import TOKENIZER_FILES
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
                                  base weights frozen; the backend trains the same HF module object
     adapter_tensors(model) ──► {"base_model.model.<name>.lora_A.weight": ...}  (PEFT's file naming)
 
-Used by `trainer/fsdp.py` (inject, publish, checkpoint) and `weights/publish.py` (adapter broadcasts).
+Used by `trainer/fsdp.py` (inject, publish, checkpoint) and `weights/writer.py` (adapter broadcasts).
 
 Invariants:
 - after `apply_lora` exactly the adapter parameters (and `modules_to_save` copies) require grad; the

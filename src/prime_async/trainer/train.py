@@ -40,8 +40,8 @@ from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
 from prime_async.utils.devices import cuda_device_count
 from prime_async.utils.mem_fraction import apply_mem_fraction
 from prime_async.utils.stall import StallWatch
-from prime_async.weights.publish import WeightPublisher
-from prime_async.weights.sync import WeightSync
+from prime_async.weights.publishers import WeightPublisher, Weights, build_publisher
+from prime_async.weights.writer import BroadcastWriter
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,6 @@ class Trainer:
         self.backend = build_backend(cfg, self.device, self.world_size)
         self.step = self._maybe_resume()
         self.publisher = self._build_publisher() if self.rank == 0 else None
-        self.weight_sync = self._build_weight_sync() if self.publisher is not None else None
         self.monitor = build_monitor(cfg, name=self.metrics_name) if self.rank == 0 else None
         self.receiver = self.batch_source()
         self.stalls = StallWatch(
@@ -164,39 +163,43 @@ class Trainer:
             )
         return self.backend.load_checkpoint(path)
 
-    def _build_publisher(self) -> WeightPublisher:
+    def _build_writer(self) -> BroadcastWriter:
         source = Path(self.cfg.model.path)
         if not source.is_dir():  # hub id: save its tokenizer once so every version carries it
             from transformers import AutoTokenizer
 
             source = Path(self.cfg.output_dir) / "tokenizer"
             AutoTokenizer.from_pretrained(self.cfg.model.path).save_pretrained(source)
-        return WeightPublisher(
+        return BroadcastWriter(
             output_dir=self.cfg.output_dir,
             model_config=self.backend.pretrained_config(),
             source_dir=source,
             keep_last=self.cfg.weights.keep_last,
         )
 
-    def _build_weight_sync(self) -> WeightSync:
-        assert self.publisher is not None
-        tied = bool(getattr(self.publisher.model_config, "tie_word_embeddings", False))
-        return WeightSync(self.cfg, self.publisher, self.device, tied=tied)
+    def _build_publisher(self) -> WeightPublisher:
+        """Rank 0's publisher of `weights.transport` (or of LoRA adapters), `weights/publishers/`."""
+        writer = self._build_writer()
+        tied = bool(getattr(writer.model_config, "tie_word_embeddings", False))
+        return build_publisher(self.cfg, writer, self.device, tied=tied)
+
+    def collect_weights(self) -> Weights | None:
+        """What travels, gathered from every rank (collective): the LoRA adapter, else the full HF
+        weights; None on the ranks the backend gives nothing."""
+        if self.cfg.lora is not None:
+            config, tensors = self.backend.lora_adapter()
+            return Weights(tensors, adapter_config=config)
+        state = self.backend.hf_state_dict()
+        return Weights(state) if state is not None else None
 
     def publish(self, version: int) -> None:
-        if self.cfg.lora is not None:  # only the adapter travels
-            config, tensors = self.backend.lora_adapter()  # collective over all ranks
-            if self.weight_sync is not None:  # rank 0; announced on the control channel like full weights
-                protected = checkpoint_steps(self.cfg.output_dir, warn=False)
-                self.weight_sync.publish_adapter(config, tensors, version, protected=protected)
-            return
-        state = self.backend.hf_state_dict()  # collective over all ranks
-        if self.weight_sync is not None:
-            assert state is not None, "the backend returned no weights on rank 0"
+        weights = self.collect_weights()  # collective over all ranks
+        if self.publisher is not None:  # rank 0; announced on the control channel
+            assert weights is not None, "the backend returned no weights on rank 0"
             protected = checkpoint_steps(self.cfg.output_dir, warn=False)
             interval = self.cfg.ckpt.interval
             on_disk = version == self.cfg.max_steps or (interval is not None and version % interval == 0)
-            self.weight_sync.publish(state, version, protected=protected, on_disk=on_disk)
+            self.publisher.publish(weights, version, protected=protected, on_disk=on_disk)
 
     def run_step(self) -> dict[str, float]:
         n = self.step
@@ -213,8 +216,8 @@ class Trainer:
         t3 = time.perf_counter()
         self.step = n + 1
         metrics.update(timing_metrics(batch, t_start=t0, t_batch=t1, t_trained=t2, t_published=t3))
-        if self.weight_sync is not None and self.weight_sync.last_write_s is not None:
-            metrics["time/write_weights"] = self.weight_sync.last_write_s  # the last finished write
+        if self.publisher is not None and self.publisher.last_write_s is not None:
+            metrics["time/write_weights"] = self.publisher.last_write_s  # the last finished write
         return metrics
 
     def maybe_checkpoint(self) -> None:
@@ -223,9 +226,9 @@ class Trainer:
         one logged twice: the step is trained again after the restart)."""
         if self.cfg.ckpt.interval is None or self.step % self.cfg.ckpt.interval != 0:
             return
-        if self.weight_sync is not None:  # a restart from this checkpoint loads its version
+        if self.publisher is not None:  # a restart from this checkpoint loads its version
             with self.stalls.waiting(f"weights v{self.step} to be written", peer="the weight writer"):
-                self.weight_sync.flush()
+                self.publisher.flush()
         self.backend.save_checkpoint(output_dir=self.cfg.output_dir, step=self.step, keep=self.cfg.ckpt.keep)
 
     def run(self) -> None:
@@ -235,14 +238,14 @@ class Trainer:
                 n = self.step
                 self.log_step(n, self.run_step())
                 self.maybe_checkpoint()
-            if self.weight_sync is not None:  # the last version is written and announced before exit
+            if self.publisher is not None:  # the last version is written and announced before exit
                 with self.stalls.waiting(f"weights v{self.step} to be written", peer="the weight writer"):
-                    self.weight_sync.flush()
+                    self.publisher.flush()
         finally:
             self.stalls.stop()
             self.receiver.close()
-            if self.weight_sync is not None:
-                self.weight_sync.close()
+            if self.publisher is not None:
+                self.publisher.close()
             if self.monitor is not None:
                 self.monitor.close()
 

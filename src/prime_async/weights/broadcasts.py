@@ -3,9 +3,9 @@
     output_dir/broadcasts/step_<N>/   model.safetensors, config.json, tokenizer files, STABLE (written last)
                                       (LoRA runs: adapter_config.json, adapter_model.safetensors, STABLE)
 
-Writers: `weights/publish.py` (publish, prune). Readers: `weights/watcher.py` (newest STABLE
-version to load), `launcher/restart.py` (version to restart inference with, history to discard on a
-rollback).
+Writers: `weights/writer.py` (publish, prune). Readers: `BroadcastDir` here (newest STABLE version to
+load: `weights/loaders/filesystem.py`, the in-run eval), `launcher/restart.py` (version to restart
+inference with, history to discard on a rollback).
 
 Invariants:
 - a version exists for readers only once `step_<N>/STABLE` exists, and a directory holding `STABLE` is
@@ -23,6 +23,7 @@ import re
 import shutil
 import uuid
 from pathlib import Path
+from typing import Protocol
 
 STABLE = "STABLE"
 ADAPTER_CONFIG = "adapter_config.json"  # a LoRA version directory: PEFT layout
@@ -103,3 +104,24 @@ def read_adapter_config(directory: Path) -> dict:
     if str(cfg.get("peft_type", "")).upper() != "LORA":
         raise ValueError(f"{path}: peft_type {cfg.get('peft_type')!r} is not LORA")
     return cfg
+
+
+class Broadcasts(Protocol):
+    """Where published weight versions are found."""
+
+    def latest_stable(self) -> int | None: ...
+
+    def path(self, version: int) -> str: ...
+
+
+class BroadcastDir:
+    """`root/step_N/` directories; a version counts only once `root/step_N/STABLE` exists."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def latest_stable(self) -> int | None:
+        return latest_stable(self.root)
+
+    def path(self, version: int) -> str:
+        return str(version_dir(self.root, version))

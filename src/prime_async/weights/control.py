@@ -41,31 +41,13 @@ import zmq.asyncio
 from prime_async.transport.wire import WireError
 from prime_async.types import WeightTransport
 from prime_async.weights.shared_wire import SharedVersion
+from prime_async.weights.tensor_meta import TensorMeta
 
 logger = logging.getLogger(__name__)
 
 CONTROL_PROTOCOL = 1
 VERSION_GONE = "versions held"  # a SendWeights refusal's words when the version is no longer in memory
 HELLO_INTERVAL_S = 2.0
-
-
-class TensorMeta(msgspec.Struct, frozen=True):
-    """Name, dtype name and shape of one HF tensor of a published version."""
-
-    name: str
-    dtype: str
-    shape: list[int]
-
-    @property
-    def nbytes(self) -> int:
-        numel = 1
-        for dim in self.shape:
-            numel *= dim
-        import torch  # only where tensors move: the orchestrator's filesystem path never loads torch
-
-        from prime_async.weights.process_group import dtype_of
-
-        return numel * torch.empty((), dtype=dtype_of(self.dtype)).element_size()
 
 
 class Hello(msgspec.Struct, tag="hello", frozen=True):

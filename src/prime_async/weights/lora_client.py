@@ -7,9 +7,11 @@
                                                                v0 = the base model, no adapter)
 
 Used by the orchestrator (`orchestrator.py`, in-run eval) when `lora` is set; wraps an `HttpEngineClient`,
-so it drives real SGLang (launched with `--enable-lora`) and the embedded engine alike. The weight
-watcher's protocol (cancel, pause, load, resume, flush after `in_place`) is unchanged: it calls
-`update_weights_from_disk` on this client as on any other.
+so it drives real SGLang (launched with `--enable-lora`) and the embedded engine alike. The request side
+(which adapter a request names) is this client's; the load side is `weights/loaders/lora.py`'s
+`LoraLoader`, which calls `load_adapter` (`update_weights_from_disk` is the same load, for callers that
+hold only the `EngineClient` protocol). The weight watcher's protocol (cancel, pause, load, resume, flush
+after `in_place`) is unchanged.
 
 Invariants:
 - a request runs start to end with the adapter it named (SGLang fixes a request's adapter when it is
@@ -84,11 +86,15 @@ class LoraEngineClient:
     async def update_weights_from_disk(
         self, model_path: str, weight_version: int, *, flush_cache: bool, abort_all_requests: bool = False
     ) -> None:
+        """`load_adapter` (no flush: adapters have their own prefix-cache namespace)."""
+        if abort_all_requests:
+            await self.inner.abort_request(abort_all=True)
+        await self.load_adapter(model_path, weight_version)
+
+    async def load_adapter(self, model_path: str, weight_version: int) -> None:
         """Load `model_path` (a PEFT adapter directory) as the adapter of `weight_version`, make it the
         one new requests name, then unload older adapters no request of ours runs with. Idle adapters
         are unloaded before the load too, so the new one finds a free slot whenever one can be free."""
-        if abort_all_requests:
-            await self.inner.abort_request(abort_all=True)
         current = await self._version()
         await self._unload_idle(keep={current, weight_version})
         name = adapter_name(weight_version)

@@ -27,22 +27,10 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from prime_async.weights.control import TensorMeta
+from prime_async.weights.tensor_meta import TensorMeta, dtype_name, dtype_of
 
 GroupBackend = Literal["gloo", "nccl"]
 DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default `group_name`
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_of(name: str) -> torch.dtype:
-    """`torch.<name>`; ValueError naming the bad value otherwise."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype {name!r} is not a torch dtype (e.g. 'float32', 'bfloat16')")
-    return dtype
 
 
 def resolve_backend(backend: str, device: torch.device | str) -> GroupBackend:

@@ -19,8 +19,8 @@ import logging
 import torch
 import torch.distributed as dist
 
-from prime_async.weights.control import TensorMeta
 from prime_async.weights.process_group import join_weight_group, leave_weight_group, receive_bucket
+from prime_async.weights.tensor_meta import TensorMeta
 
 logger = logging.getLogger(__name__)
 

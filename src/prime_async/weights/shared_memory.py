@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 
 from prime_async.weights.control import VERSION_GONE
-from prime_async.weights.process_group import dtype_name, dtype_of
 from prime_async.weights.shared_wire import CudaIpc, SharedTensor, SharedVersion, layout, tensor_nbytes
+from prime_async.weights.tensor_meta import dtype_name, dtype_of
 
 logger = logging.getLogger(__name__)
 

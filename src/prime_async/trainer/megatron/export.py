@@ -21,7 +21,7 @@ import torch.distributed as dist
 from prime_async.config.export import ExportMegatronConfig
 from prime_async.config.megatron import MegatronConfig, read_hf_config
 from prime_async.trainer.ckpt import COMPLETE, read_state
-from prime_async.weights.publish import TOKENIZER_FILES
+from prime_async.weights.writer import TOKENIZER_FILES
 
 logger = logging.getLogger(__name__)
 

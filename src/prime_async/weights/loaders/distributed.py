@@ -26,9 +26,8 @@ import errno
 import logging
 import socket
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prime_async.config.shared import WeightsConfig
 from prime_async.weights.control import (
@@ -38,69 +37,34 @@ from prime_async.weights.control import (
     Published,
     Refused,
     SendWeights,
-    TensorMeta,
 )
-from prime_async.weights.shared_loader import SharedWeights
-from prime_async.weights.watcher import UpdateSignal, VersionGone
+from prime_async.weights.loaders.base import KEEP_ANNOUNCED, Announced, VersionGone
+from prime_async.weights.tensor_meta import TensorMeta
 
 logger = logging.getLogger(__name__)
 
-if TYPE_CHECKING:
-    from prime_async.config.orchestrator import OrchestratorConfig
 
-KEEP_ANNOUNCED = 4  # at least; a deterministic run remembers K + 2 (it loads every version in turn)
-
-
-def build_control(
-    cfg: OrchestratorConfig, signal: UpdateSignal
-) -> tuple[ControlServer, DistributedWeights | SharedWeights | None]:
-    """The control channel (bound and receiving) and the distributed or shared loader when configured. A
-    `Published` event announces on `signal`, a channel failure fails it: the weight watcher built with
-    the same `signal` wakes, or raises."""
-    loader: DistributedWeights | SharedWeights | None = None
-
-    def on_published(msg: Published) -> None:
-        if msg.transport != cfg.weights.transport:
-            raise RuntimeError(
-                f"the trainer publishes weights over {msg.transport!r} but this orchestrator has "
-                f"weights.transport = {cfg.weights.transport!r}: set weights.transport alike everywhere"
-            )
-        if loader is not None:
-            loader.on_published(msg)
-        signal.announce()
-
-    port = cfg.weights.resolved_control_port(cfg.transport)
-    control = ControlServer(cfg.transport.host, port, on_published=on_published, on_error=signal.fail)
-    keep = KEEP_ANNOUNCED if not cfg.deterministic else max(KEEP_ANNOUNCED, cfg.max_off_policy_steps + 2)
-    if cfg.weights.transport == "distributed":
-        loader = DistributedWeights(control, cfg.weights, keep_announced=keep)
-    elif cfg.weights.transport == "shared":
-        loader = SharedWeights(control, cfg.weights, keep_announced=keep)
-    control.start()
-    return control, loader
-
-
-class DistributedWeights:
+class DistributedLoader:
     """`WeightLoader` over a torch.distributed group trainer rank 0 + every engine."""
 
     def __init__(self, control: ControlServer, cfg: WeightsConfig, *, keep_announced: int = KEEP_ANNOUNCED):
         self.control, self.cfg = control, cfg
         self.keep_announced = keep_announced
-        self._announced: OrderedDict[int, list[list[TensorMeta]]] = OrderedDict()
+        self._announced: Announced[list[list[TensorMeta]]] = Announced(keep_announced)
         self._group: str | None = None
         self._retired: list[str] = []  # groups to leave on the engines before the next join
 
     def on_published(self, msg: Published) -> None:
-        self._announced[msg.version] = msg.buckets
-        while len(self._announced) > self.keep_announced:
-            self._announced.popitem(last=False)
+        self._announced.add(msg.version, msg.buckets)
 
     def latest(self) -> int | None:
-        return next(reversed(self._announced), None)
+        return self._announced.latest()
 
-    def engines_restarted(self) -> None:
-        """An engine outage: the group is rebuilt before the next load (a restarted engine rejoins)."""
+    def engines_restarted(self) -> bool:
+        """An engine outage: the group is rebuilt before the next load (a restarted engine rejoins with
+        the initial model, so it is given the run's weights first)."""
         self._retire()
+        return True
 
     def _retire(self) -> None:
         if self._group is not None:
@@ -108,9 +72,7 @@ class DistributedWeights:
         self._group = None
 
     async def load(self, engines: Sequence[Any], version: int, *, flush_cache: bool) -> None:
-        if version not in self._announced:
-            raise RuntimeError(f"weights v{version} were never announced by the trainer")
-        buckets = self._announced[version]
+        buckets = self._announced.get(version)
         if self._group is None:
             await self._join(engines)
         assert self._group is not None

@@ -1,6 +1,7 @@
-"""Publish weight versions to the filesystem: `output_dir/broadcasts/step_{n}/` (HF safetensors dir).
+"""Write weight versions to the filesystem: `output_dir/broadcasts/step_{n}/` (HF safetensors dir).
 
-Called by the trainer's main loop on rank 0 after step n-1, with the full (unsharded) state dict.
+`BroadcastWriter` is the disk writer every trainer-side publisher (`weights/publishers/`) uses: on rank 0,
+with the full (unsharded) state dict or a LoRA adapter.
 
 Invariants:
 - a version directory is written under `broadcasts/.tmp_step_{n}`, `STABLE` is written last inside it, then
@@ -30,10 +31,8 @@ from prime_async.models.moe_layout import split_experts
 from prime_async.weights.broadcasts import (
     ADAPTER_WEIGHTS,
     STABLE,
-    broadcasts_root,
     install_version,
     remove_version,
-    version_dir,
     versions,
 )
 
@@ -52,17 +51,13 @@ TOKENIZER_FILES = (
 )
 
 
-def broadcast_dir(output_dir: Path, version: int) -> Path:
-    return version_dir(broadcasts_root(output_dir), version)
-
-
 def _fsync_dir_files(path: Path) -> None:
     for f in path.iterdir():
         with f.open("rb") as fh:
             os.fsync(fh.fileno())
 
 
-class WeightPublisher:
+class BroadcastWriter:
     """Writes weight versions atomically and prunes old ones by the retention rule above."""
 
     def __init__(self, *, output_dir: Path, model_config, source_dir: str | Path, keep_last: int):

@@ -17,38 +17,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from prime_async.config.shared import WeightsConfig
 from prime_async.weights.control import VERSION_GONE, ControlServer, GiveBack, Lend, Published, Refused
-from prime_async.weights.watcher import VersionGone
+from prime_async.weights.loaders.base import Announced, VersionGone
 
 logger = logging.getLogger(__name__)
 
 
-class SharedWeights:
+class SharedLoader:
     """`WeightLoader` over versions the trainer lends in shared memory (`weights/shared_memory.py`)."""
 
     def __init__(self, control: ControlServer, cfg: WeightsConfig, *, keep_announced: int):
         self.control, self.cfg, self.keep_announced = control, cfg, keep_announced
-        self._announced: OrderedDict[int, None] = OrderedDict()
+        self._announced: Announced[None] = Announced(keep_announced)
 
     def on_published(self, msg: Published) -> None:
-        self._announced[msg.version] = None
-        while len(self._announced) > self.keep_announced:
-            self._announced.popitem(last=False)
+        self._announced.add(msg.version, None)
 
     def latest(self) -> int | None:
-        return next(reversed(self._announced), None)
+        return self._announced.latest()
 
-    def engines_restarted(self) -> None:
-        """Nothing to rebuild: a restarted engine maps the next version it is lent."""
+    def engines_restarted(self) -> bool:
+        """Nothing to rebuild: a restarted engine maps the next version it is lent (it starts with the
+        initial model, so it is given the run's weights first)."""
+        return True
 
     async def load(self, engines: Sequence[Any], version: int, *, flush_cache: bool) -> None:
-        if version not in self._announced:
-            raise RuntimeError(f"weights v{version} were never announced by the trainer")
+        self._announced.get(version)  # raises for a version never announced
         await self.control.wait_trainer(self.cfg.timeout_s)
         request = self.control.open_request(lambda rid: Lend(rid, version, len(engines)))
         try:
