@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
+import typing
 
 import numpy as np
 import pytest
@@ -13,13 +15,14 @@ from prime_async.config.trainer import (
     CISPOLossConfig,
     CustomLossConfig,
     GSPOLossConfig,
+    LossConfig,
     M2POLossConfig,
     MaskLossConfig,
     MISLossConfig,
     PPOClipLossConfig,
     TISLossConfig,
 )
-from prime_async.trainer.loss import LossOutput, NonFiniteError, build_loss_fn, m2po_keep_mask
+from prime_async.trainer.loss import LOSSES, LossOutput, NonFiniteError, build_loss_fn, m2po_keep_mask
 from prime_async.trainer.packed_rows import sample_ids as packed_sample_ids
 from prime_async.trainer.token_stats import TokenStats
 
@@ -524,3 +527,14 @@ def test_token_stats_effective_steps() -> None:
     assert m["offpolicy/effective_steps/mean"] == pytest.approx(13 / 4)
     assert m["offpolicy/effective_steps/max"] == 7
     assert TokenStats.empty().metrics()["offpolicy/effective_steps/max"] == 0.0
+
+
+def test_every_loss_config_has_one_registered_function_taking_its_fields() -> None:
+    """`LOSSES` (keyed by `loss.type`) holds every built-in member of the `LossConfig` union, and each
+    function takes its config's fields (other than `type`) by name; `custom` is the one other type."""
+    members = typing.get_args(typing.get_args(LossConfig)[0])
+    types_ = {cls.model_fields["type"].default: cls for cls in members}
+    assert set(types_) == set(LOSSES) | {"custom"}
+    for name, variant in LOSSES.items():
+        fields = set(types_[name].model_fields) - {"type"}
+        assert fields <= set(inspect.signature(variant.fn).parameters), name

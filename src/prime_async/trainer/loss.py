@@ -52,20 +52,11 @@ import inspect
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
-from prime_async.config.trainer import (
-    CISPOLossConfig,
-    CustomLossConfig,
-    GSPOLossConfig,
-    M2POLossConfig,
-    MaskLossConfig,
-    MISLossConfig,
-    PPOClipLossConfig,
-    TISLossConfig,
-)
+from prime_async.config.trainer import CustomLossConfig, LossConfig
 
 logger = logging.getLogger(__name__)
 
@@ -249,36 +240,47 @@ def _accepts_sample_ids(fn: LossFn) -> bool:
     return any(p.name == "sample_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-SEQUENCE_LEVEL = (GSPOLossConfig, MISLossConfig)
+SampleIds = Literal["none", "passed", "required"]
+"""Whether a loss gets the tokens' `sample_ids`: never, when given, or always (a sequence-level loss,
+which refuses to run without them)."""
 
 
-def _bind(cfg) -> tuple[LossFn, dict[str, Any]]:
-    """The configured variant's function and hyper-parameters."""
-    if isinstance(cfg, MaskLossConfig):
-        return mask_loss, {"ratio_low": cfg.ratio_low, "ratio_high": cfg.ratio_high}
-    if isinstance(cfg, PPOClipLossConfig):
-        return ppo_clip_loss, {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high}
-    if isinstance(cfg, M2POLossConfig):
-        return m2po_loss, {"m2_threshold": cfg.m2_threshold}
-    if isinstance(cfg, TISLossConfig):
-        return tis_loss, {"cap": cfg.cap}
-    if isinstance(cfg, CISPOLossConfig):
-        return cispo_loss, {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high}
-    if isinstance(cfg, GSPOLossConfig):
-        return gspo_loss, {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high}
-    if isinstance(cfg, MISLossConfig):
-        return mis_loss, {"ratio_low": cfg.ratio_low, "ratio_high": cfg.ratio_high}
+@dataclass(frozen=True)
+class LossVariant:
+    """A built-in loss: its function and how it sees samples. Its hyper-parameters are the fields of its
+    config class other than `type`, passed by name (the config field names are the function's keywords)."""
+
+    fn: LossFn
+    sample_ids: SampleIds = "none"
+
+
+LOSSES: dict[str, LossVariant] = {
+    "mask": LossVariant(mask_loss),
+    "ppo_clip": LossVariant(ppo_clip_loss),
+    "m2po": LossVariant(m2po_loss, sample_ids="passed"),
+    "tis": LossVariant(tis_loss),
+    "cispo": LossVariant(cispo_loss),
+    "gspo": LossVariant(gspo_loss, sample_ids="required"),
+    "mis": LossVariant(mis_loss, sample_ids="required"),
+}
+"""Every built-in `loss.type` -> its variant; `custom` (a function by import path) is the one other type.
+Adding a loss: its config class in the `LossConfig` union (config/trainer.py) and its entry here."""
+
+
+def _bind(cfg: LossConfig) -> tuple[LossFn, dict[str, Any], SampleIds]:
+    """The configured variant's function, hyper-parameters and use of `sample_ids`."""
     if isinstance(cfg, CustomLossConfig):
-        return load_custom_loss(cfg.import_path), dict(cfg.kwargs)
-    raise AssertionError(f"unhandled loss config {type(cfg).__name__}")
+        fn = load_custom_loss(cfg.import_path)
+        return fn, dict(cfg.kwargs), "passed" if _accepts_sample_ids(fn) else "none"
+    variant = LOSSES[cfg.type]
+    return variant.fn, cfg.model_dump(exclude={"type"}), variant.sample_ids
 
 
-def build_loss_fn(cfg) -> LossFn:
+def build_loss_fn(cfg: LossConfig) -> LossFn:
     """Bind the configured variant's hyper-parameters: returns a `LossFn`."""
-    fn, kwargs = _bind(cfg)
-    needs_samples = isinstance(cfg, SEQUENCE_LEVEL)
-    passes_samples = needs_samples or isinstance(cfg, M2POLossConfig)
-    passes_samples |= isinstance(cfg, CustomLossConfig) and _accepts_sample_ids(fn)
+    fn, kwargs, sample_ids = _bind(cfg)
+    needs_samples = sample_ids == "required"
+    passes_samples = sample_ids != "none"
 
     def loss_fn(*, logp, sampler_logp, advantages, loss_mask, num_loss_tokens, sample_ids=None) -> LossOutput:
         if num_loss_tokens < 1:
