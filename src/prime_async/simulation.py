@@ -34,6 +34,7 @@ from prime_async.orchestrator.types import Group
 from prime_async.rollouts.types import Episode, NoGateway
 from prime_async.transport.types import TrainBatch
 from prime_async.types import EnginePauseMode
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -208,6 +209,9 @@ class SimulatedEngine:
 
     async def health(self) -> bool:
         return True
+
+    async def server_info(self) -> dict[str, Any]:
+        return {}  # no busy/uptime counters: left out of engine/busy_fraction
 
 
 class SimulatedRolloutSource(NoGateway):
@@ -401,12 +405,8 @@ async def run_simulation(
     }
     source = next(iter(sources.values()))
     broadcasts = broadcasts or InMemoryBroadcasts()
-    comps = build_components(
-        cfg,
-        ComponentInputs(
-            source=sources, engines=engines, broadcasts=broadcasts, served_version=0, clock=loop.time
-        ),
-    )
+    inputs = ComponentInputs(sources, engines, broadcasts, served_version=0, clock=loop.time)
+    comps = build_components(cfg, inputs)
     comps.watcher.poll_interval_s = params.watcher_poll_s
     result = SimulationResult(comps=comps, engines=engines, source=source)
     if instrument:
@@ -463,7 +463,7 @@ def _evaluator(
     return InRunEval(
         cfg=cfg.eval, envs=envs, on_result=result.evals.append,
         due=due_versions(cfg.eval, max_steps=cfg.max_steps, start_version=comps.admission.served_version),
-        served_version=lambda: comps.admission.served_version, broadcasts=broadcasts,
+        served_version=lambda: comps.admission.served_version, loader=FilesystemLoader(broadcasts),
         pin=comps.watcher.pin, update_engines=comps.watcher.update_to,
         engines=engines if cfg.eval.placement != "shared" else (),
         progress=lambda: comps.groups.next_batch_step, clock=asyncio.get_running_loop().time,

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from prime_async.config.orchestrator import OrchestratorEvalConfig
 from prime_async.engine_api import EngineClient
 from prime_async.eval.episodes import Decode, EvalEnv, EvalResult, evaluate
-from prime_async.weights.broadcasts import Broadcasts
+from prime_async.weights.loaders.base import WeightLoader
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class InRunEval:
         due: Sequence[int],
         on_result: Callable[[EvalResult], None],
         served_version: Callable[[], int],
-        broadcasts: Broadcasts,
+        loader: WeightLoader,
         pin: asyncio.Lock | None = None,
         update_engines: Callable[[int], Awaitable[None]] | None = None,
         engines: Sequence[EngineClient] = (),
@@ -89,7 +89,7 @@ class InRunEval:
         self.pin = pin
         self.update_engines = update_engines
         self.engines = list(engines)
-        self.broadcasts = broadcasts
+        self.loader = loader  # the run's broadcasts (eval runs on the filesystem transport only)
         self.progress = progress
         self.decode = decode
         self.poll_interval_s = poll_interval_s
@@ -125,7 +125,7 @@ class InRunEval:
     async def _finish(self) -> None:
         if self.cfg.placement == "shared" and self.pending and self.update_engines is not None:
             final = self.pending[-1]
-            while (self.broadcasts.latest_stable() or 0) < final:
+            while (self.loader.latest() or 0) < final:
                 await asyncio.sleep(self.poll_interval_s)
             await self.update_engines(final)
         await self._done.wait()
@@ -142,7 +142,7 @@ class InRunEval:
             await self._with_retries(version, lambda: self._evaluate(version))
 
     async def _dedicated_step(self) -> None:
-        latest = self.broadcasts.latest_stable()
+        latest = self.loader.latest()
         available = [v for v in self.pending if v == 0 or (latest is not None and v <= latest)]
         if not available:
             await asyncio.sleep(self.poll_interval_s)
@@ -196,10 +196,7 @@ class InRunEval:
             logger.warning("eval engines serve versions %s, not the initial model: eval of v0 skipped",
                            sorted(set(versions)))  # fmt: skip
             return False
-        path = self.broadcasts.path(version)  # a failure (pruned broadcast, engine gone) is retried
-        await asyncio.gather(
-            *(e.update_weights_from_disk(path, version, flush_cache=True) for e in self.engines)
-        )
+        await self.loader.load(self.engines, version, flush_cache=True)  # a failure (pruned, gone) is retried
         return True
 
     async def _evaluate(self, version: int) -> None:

@@ -25,6 +25,7 @@ from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
 from prime_async.rollouts.engine_checks import check_engines_belong_to_run, wait_for_engines
 from prime_async.rollouts.env_sources import build_sources
 from prime_async.weights.broadcasts import BroadcastDir
+from prime_async.weights.loaders import broadcast_loader
 from prime_async.weights.watcher import WeightWatcher
 
 if TYPE_CHECKING:
@@ -44,8 +45,8 @@ async def start_in_run_eval(
     from prime_async.inference.client import engine_clients
 
     eval_engines: list[EngineClient] = engines
+    lora = cfg.lora is not None and ecfg.placement == "dedicated"  # our engines: adapters of this run
     if ecfg.placement != "shared":
-        lora = cfg.lora is not None and ecfg.placement == "dedicated"  # our engines: adapters of this run
         eval_engines = engine_clients(ecfg.base_urls, ecfg.api_key, lora=lora)
         for engine in eval_engines:
             stack.push_async_callback(engine.aclose)
@@ -72,7 +73,7 @@ async def start_in_run_eval(
         cfg=ecfg, envs=envs, on_result=_eval_logger(cfg, monitor),
         due=due_versions(ecfg, max_steps=cfg.max_steps, start_version=watcher.served_version),
         served_version=lambda: watcher.served_version,
-        broadcasts=BroadcastDir(cfg.output_dir / "broadcasts"),
+        loader=broadcast_loader(BroadcastDir(cfg.output_dir / "broadcasts"), lora=lora),
         pin=watcher.pin, update_engines=watcher.update_to,
         engines=eval_engines if ecfg.placement != "shared" else (),
         progress=lambda: watcher.groups.next_batch_step,

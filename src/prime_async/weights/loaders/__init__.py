@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from prime_async.types import WeightTransport
-from prime_async.weights.broadcasts import BroadcastDir
+from prime_async.weights.broadcasts import BroadcastDir, Broadcasts
 from prime_async.weights.control import ControlServer, Published
 from prime_async.weights.loaders.base import KEEP_ANNOUNCED, VersionGone, WeightLoader
 from prime_async.weights.loaders.distributed import DistributedLoader
@@ -30,7 +30,7 @@ from prime_async.weights.loaders.shared import SharedLoader
 if TYPE_CHECKING:
     from prime_async.config.orchestrator import OrchestratorConfig
 
-__all__ = ["LOADERS", "VersionGone", "WeightLoader", "build_control", "build_loader"]
+__all__ = ["LOADERS", "VersionGone", "WeightLoader", "broadcast_loader", "build_control", "build_loader"]
 
 
 class Wakeup(Protocol):
@@ -41,9 +41,13 @@ class Wakeup(Protocol):
     def fail(self, error: BaseException) -> None: ...
 
 
+def broadcast_loader(broadcasts: Broadcasts, *, lora: bool) -> WeightLoader:
+    """The loader of versions in the broadcast directory: LoRA adapters, or full weights."""
+    return LoraLoader(broadcasts) if lora else FilesystemLoader(broadcasts)
+
+
 def _filesystem(cfg: OrchestratorConfig, control: ControlServer, keep: int) -> WeightLoader:
-    broadcasts = BroadcastDir(cfg.output_dir / "broadcasts")
-    return LoraLoader(broadcasts) if cfg.lora is not None else FilesystemLoader(broadcasts)
+    return broadcast_loader(BroadcastDir(cfg.output_dir / "broadcasts"), lora=cfg.lora is not None)
 
 
 LOADERS: dict[WeightTransport, Callable[[OrchestratorConfig, ControlServer, int], WeightLoader]] = {
