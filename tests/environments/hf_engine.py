@@ -122,3 +122,6 @@ class HFEngineClient:
 
     async def health(self) -> bool:
         return True
+
+    async def server_info(self) -> dict[str, Any]:
+        return {}  # no busy/uptime counters

@@ -122,11 +122,11 @@ def test_wait_fractions_of_the_step_window():
     dispatch(adm)
     assert adm.poll() == "buffer_full"  # 3 s in-flight limit, then buffer full from t=3
     clock.now = 4.0
-    m = adm.window_metrics()
+    m = adm.metrics()
     assert m["rollout/buffer/admission_wait_inflight_limit"] == 0.75
     assert m["rollout/buffer/admission_wait_buffer_full"] == 0.25
     clock.now = 8.0  # still blocked by the buffer for the whole next window
-    m = adm.window_metrics()
+    m = adm.metrics()
     assert m["rollout/buffer/admission_wait_buffer_full"] == 1.0
     assert m["rollout/buffer/admission_wait_inflight_limit"] == 0.0
 

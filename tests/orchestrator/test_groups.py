@@ -56,7 +56,7 @@ def test_counts_follow_a_group_in_trajectories_split_and_filtered():
     table.take([g0], step=0)
     assert table.counts()["trained"] == 3 and table.next_batch_step == 1
     table.check()
-    m = table.window_metrics()
+    m = table.metrics()
     assert {k for k in m if k.startswith("ledger/")} == {
         f"ledger/{s}" for s in (*STATES, "dispatched", "prompts_lost")
     }
@@ -97,7 +97,7 @@ def test_retry_rule_stale_errored_and_cancelled_prompts_return_filtered_never():
     table.take([], step=0)  # next batch 1: group 3 (d = 0, K = 0) can no longer ship
     assert table.counts()["cancelled"] == 2 and table.cancel_unshippable() == []
     assert [table.data.next_example()[0] for _ in range(3)] == [10, 12, 13]  # retried first, oldest first
-    m = table.window_metrics()
+    m = table.metrics()
     assert (m["rollout/buffer/dropped_groups"], m["rollout/cancelled_groups"]) == (3, 1)
     no_retry = make(retry=False)
     finish(no_retry, g := dispatch(no_retry, 0))

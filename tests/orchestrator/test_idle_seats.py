@@ -106,7 +106,7 @@ def _run(source: ForfeitSource, seconds: float) -> tuple[Any, Any, dict[str, flo
         task = asyncio.create_task(disp.run())
         await asyncio.sleep(seconds)
         assert not task.done(), task.exception() if task.done() else None
-        window = disp.window_metrics()
+        window = disp.metrics()
         task.cancel()
         await disp.stop()
         return disp, groups, window

@@ -74,7 +74,7 @@ def test_put_drops_errored_and_filters_equal_rewards():
     assert sink.groups.buffered()[0].group_id == 2
     assert sink.groups.data.next_example() == (0, 0)  # the errored prompt is retried
     assert sink.groups.data.num_retry_pending == 0  # filtered prompts never are
-    assert sink.groups.window_metrics()["rollout/buffer/dropped_groups"] == 2
+    assert sink.groups.metrics()["rollout/buffer/dropped_groups"] == 2
 
 
 def test_overlong_truncate_or_drop():

@@ -119,7 +119,7 @@ def test_update_during_outage_holds_dispatch_then_recovers(mode: str, monkeypatc
 
     asyncio.run(main())
     assert "update:1" in engine.calls
-    m = watcher.window_metrics()
+    m = watcher.metrics()
     assert m["engine/outages"] == 1 and m["engine/health_retries"] >= 2 and m["engine/down_time"] > 0
 
 
@@ -142,7 +142,7 @@ def test_gateway_report_holds_dispatch_until_health(monkeypatch) -> None:
         task.cancel()
 
     asyncio.run(main())
-    assert watcher.window_metrics()["engine/outages"] == 1
+    assert watcher.metrics()["engine/outages"] == 1
 
 
 class BusyGroups(FakeDispatcher):

@@ -139,7 +139,7 @@ async def _sample_and_score(url: str) -> tuple[list[Episode], tuple[Episode, str
         TeacherConfig(base_urls=[url], batch_episodes=2), temperature=1.0, deterministic=False
     )
     await scorer.score(episodes)
-    metrics = scorer.window_metrics()
+    metrics = scorer.metrics()
     assert (
         metrics["teacher/requests"] == 2
         and metrics["teacher/episodes"] == 3

@@ -113,7 +113,7 @@ class AdmissionController:
         self.notify()
 
     # -- metrics ---------------------------------------------------------------------------------------
-    def window_metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """Blocked fractions of the window since the last call; starts a new window."""
         now = self.clock()
         if self._blocked is not None:

@@ -296,7 +296,8 @@ class Dispatcher:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- metrics ---------------------------------------------------------------------------------------
-    def window_metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
+        """Episodes, completion tokens per second and idle trajectories since the last call (then reset)."""
         now = self.clock()
         span = max(now - self._window_start, 1e-9)
         out = {

@@ -13,16 +13,19 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from prime_async.engine_api import EngineUnavailable
+from prime_async.engine_api import EngineClient, EngineUnavailable
 from prime_async.inference.client import EngineError
 
 
 class EngineLoad:
-    def __init__(self, engines: Sequence[Any]):
-        self.engines = [e for e in engines if hasattr(e, "server_info")]
+    """`engine/busy_fraction` of `engines` (module docstring); `metrics()` once per step."""
+
+    def __init__(self, engines: Sequence[EngineClient]):
+        self.engines = list(engines)
         self._last: dict[str, tuple[float, float]] = {}
 
-    async def window_metrics(self, timeout_s: float = 2.0) -> dict[str, float]:
+    async def metrics(self, timeout_s: float = 2.0) -> dict[str, float]:
+        """`engine/busy_fraction` since the previous call; {} when no engine reports its counters."""
         infos = await asyncio.gather(*(self._info(e, timeout_s) for e in self.engines))
         fractions = []
         for engine, info in zip(self.engines, infos, strict=True):
@@ -36,7 +39,7 @@ class EngineLoad:
         return {"engine/busy_fraction": sum(fractions) / len(fractions)} if fractions else {}
 
     @staticmethod
-    async def _info(engine: Any, timeout_s: float) -> dict[str, Any] | None:
+    async def _info(engine: EngineClient, timeout_s: float) -> dict[str, Any] | None:
         with contextlib.suppress(EngineUnavailable, EngineError, TimeoutError):  # skipped this step
             return await asyncio.wait_for(engine.server_info(), timeout=timeout_s)
         return None

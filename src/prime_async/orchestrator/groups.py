@@ -7,7 +7,7 @@
 
 Who calls it: the dispatcher (`dispatch`, `episode_done`, `finish`), the sink (`accept`, `drop`, `take`,
 and the groups it chooses from), the weight watcher (`cancel_unshippable`, `wait_idle`), admission (the
-counts of its rule) and the main loop (`check`, `window_metrics`, `pending_groups` for checkpoints).
+counts of its rule) and the main loop (`check`, `metrics`, `pending_groups` for checkpoints).
 No other component stores the state of a group.
 
 Counting unit: trajectories (the `ledger/*` metrics). A group enters with `group_size` (one per verifiers
@@ -276,7 +276,7 @@ class GroupTable:
                 f"buffered groups whose episodes changed after accept: {changed}"
             )
 
-    def window_metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """`ledger/*` (cumulative), buffer sizes, drops and cancels since the last call (then reset)."""
         out = {f"ledger/{state}": float(n) for state, n in self.counts().items()}
         out["ledger/dispatched"] = float(self.dispatched)

@@ -180,7 +180,7 @@ async def _produce(
         metrics.update(batch.metrics)  # batch/sample_tokens, batch/packed_tokens
         metrics["time/cut"] = time_cut
         if comps.engine_load is not None:
-            metrics.update(await comps.engine_load.window_metrics())
+            metrics.update(await comps.engine_load.metrics())
         last = now
         log_metrics(metrics, step)
     if evaluator is not None:
@@ -217,12 +217,12 @@ def _step_metrics(
 ) -> dict[str, float]:
     metrics = batch_metrics(groups, step, list(comps.envs.envs))
     metrics.update(comps.envs.metrics())
-    metrics.update(comps.groups.window_metrics())
-    metrics.update(comps.admission.window_metrics())
-    metrics.update(comps.dispatcher.window_metrics())
-    metrics.update(comps.watcher.window_metrics())
+    metrics.update(comps.groups.metrics())
+    metrics.update(comps.admission.metrics())
+    metrics.update(comps.dispatcher.metrics())
+    metrics.update(comps.watcher.metrics())
     if comps.teacher is not None:
-        metrics.update(comps.teacher.window_metrics())
+        metrics.update(comps.teacher.metrics())
     if comps.carry is not None:
         metrics.update(comps.carry.metrics())
     metrics.update(comps.length_bias.metrics())

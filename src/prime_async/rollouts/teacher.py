@@ -65,7 +65,7 @@ class _Rejected(Exception):
 
 
 class TeacherScorer:
-    """Scores finished episodes on the teacher's engines; `window_metrics()` is its cost since last asked."""
+    """Scores finished episodes on the teacher's engines; `metrics()` is its cost since last asked."""
 
     def __init__(
         self,
@@ -212,7 +212,7 @@ class TeacherScorer:
             "last_outage": self._last_outage or None, "groups_waiting_for_scoring": self._scoring,
         }  # fmt: skip
 
-    def window_metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """`teacher/*`: requests, episodes and tokens scored, seconds spent in requests (summed over the
         concurrent ones), episodes failed (`errors`), requests retried after an outage (`retries`) and
         seconds of the outages that ended (`outage_s`), since the previous call (one training step)."""

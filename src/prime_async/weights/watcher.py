@@ -310,5 +310,6 @@ class WeightWatcher:
         await self.loader.load(self.engines, newest, flush_cache=flush)
         return newest
 
-    def window_metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
+        """Weight updates and outages since the last call (then reset), and the served version."""
         return {**self.stats.window(self.served_version), **self.outage.metrics()}
