@@ -29,9 +29,9 @@ def test_help_exits_0_and_lists_fields(command: str) -> None:
     result = run(command, "--help")
     assert result.returncode == 0, result.stderr
     assert f"usage: {command}" in result.stdout
-    assert "output_dir" in result.stdout and "model.path" in result.stdout
+    assert "--output-dir" in result.stdout and "model.path" in result.stdout and "(default: " in result.stdout
     if command in ("orchestrator", "rl"):
-        assert "max_off_policy_steps" in result.stdout
+        assert "max-off-policy-steps" in result.stdout
 
 
 def test_help_does_not_import_torch() -> None:

@@ -1,85 +1,78 @@
-"""Command-line config loading for every command: `cmd @ a.toml @ b.toml --optim.lr 3e-6 --no-wandb.enabled`.
+"""Config loading for every command: `cmd @ a.toml @ b.toml --optim.lr 3e-6 --no-wandb.enabled [--dry-run]`.
 
-Called by `prime_async.entrypoints.*` through `parse_config(cls, argv)`; tests may call `load_config` to
-get the `ConfigError` instead of an exit. The grammar lives in `cli_args.py`, schema walking in
-`cli_schema.py`, the `--help` text in `cli_help.py`.
+pydantic-settings' `CliSettingsSource` parses each schema flag's value (JSON for lists, dicts and sections,
+`null` for None) and renders `--help` (every flag, type, default); this module adds what it lacks: `@ FILE`
+layers, key provenance, "did you mean", one-line errors. Later wins: defaults, files in command-line order
+(`--section @ f.toml` under `section`, tables deep-merged), then every flag wherever it stands.
 
-    argv ─read_argv─► files + flags ─merge (files in order, then flags)─► raw dict
-         ─fill union tags─► pydantic model_validate (extra="forbid") ─► config  | one-line ConfigError
-
-Resolution order (later wins): the schema's defaults, then every TOML file in the order it appears on the
-command line (`@ file.toml` at the root, `--section @ file.toml` nested under `section`), deep-merged table
-by table, then the value flags. Relative paths inside files are kept as written (relative to the working
-directory).
-
-Invariants:
-- every user error is a `ConfigError` whose message is one line naming the file and/or the key and the
-  reason; `parse_config` prints it as `<prog>: error: <message>` and exits 2, never with a traceback;
-- file keys are checked against the schema before validation (kebab-case or snake_case, "did you mean"),
-  so an unknown key is reported with the file that introduced it;
-- one key set twice on the command line is an error (files, by contrast, override each other by design);
-- a union section given without its tag (`--loss.low 0.3`) keeps the default variant's tag;
-- `--help` exits 0 and imports nothing but the config schemas; `--dry-run` too, besides what the
-  command's `check` imports (`rl`: every environment, to validate it before anything starts).
-"""
+Invariants: every user error is a one-line `ConfigError` naming its file or flag (`parse_config` prints
+`<prog>: error: ...`, exits 2); keys are kebab- or snake_case, checked against the schema before validation
+("did you mean"), free-form dict keys kept verbatim; a key set twice on the command line is an error;
+`--flag`, `--no-flag`, `--flag VALUE` for booleans; a union section without its tag keeps the default's;
+`--help`/`--dry-run` import only the schemas (and what `check` imports)."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import difflib
+import functools
+import json
 import sys
 import tomllib
-from collections.abc import Callable, Sequence
+import types
+import typing
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from prime_async.config.cli_args import ParsedArgs, SetArg, read_argv
-from prime_async.config.cli_schema import (
-    ConfigError,
-    child_annotation,
-    item_annotation,
-    model_members,
-    resolve,
-)
+from prime_async.config.base import BaseConfig
 from prime_async.config.dicts import KeyPath, deep_merge, lookup
 
 __all__ = ["ConfigError", "dump_toml", "load_config", "parse_config"]
-
 T = TypeVar("T", bound=BaseModel)
+FREE = object()  # the annotation of a value inside a free-form dict: unknown
+FILE = object()  # the value of a `--section @ FILE` flag: a file layer, not a value
+NOTES = """Files merge left to right; --KEY VALUE flags win over files. Keys are dotted, kebab- or snake_case.
+Booleans: --flag, --no-flag, --flag false. Lists, dicts and sections take JSON (--x.list '[1,2]').
+--section @ FILE.toml merges FILE into one section. --dry-run prints the resolved TOML and exits."""
 
-EXIT_USAGE = 2
+
+class ConfigError(ValueError):
+    """A user error in config files or flags; its message is one line, printed without a traceback."""
+
+
+class Flag(NamedTuple):
+    """One override: `raw` text (a bare boolean: True/False) for `path`; `flag` as typed."""
+
+    flag: str
+    path: KeyPath
+    raw: Any
+    annotation: Any
+    library: bool  # a schema field path: pydantic-settings parses it (else set verbatim / as JSON here)
 
 
 def parse_config(
-    cls: type[T],
-    argv: Sequence[str] | None = None,
-    *,
-    prog: str | None = None,
+    cls: type[T], argv: Sequence[str] | None = None, *, prog: str | None = None,
     check: Callable[[T], None] | None = None,
-) -> T:
-    """Parse `argv` (default: sys.argv[1:]) into `cls`; handles `--help` / `--dry-run`, exits 2 on errors.
-    `check(cfg)` runs on the validated config before `--dry-run` prints it (a command's checks of what
-    the schema cannot see, e.g. `rl` imports every environment): its ValueError is one error line too."""
+) -> T:  # fmt: skip
+    """`argv` (default sys.argv[1:]) -> `cls`; `--help`/`--dry-run` exit 0, errors exit 2 with one line.
+    `check(cfg)` (what the schema cannot see) runs before `--dry-run` prints; its ValueError is one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or Path(sys.argv[0]).name
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(_parser(cls, prog).root_parser.format_help(), end="")
+        raise SystemExit(0)
     try:
-        parsed = read_argv(cls, argv)
-        if parsed.help:
-            from prime_async.config.cli_help import render_help
-
-            print(render_help(cls, prog), end="")
-            raise SystemExit(0)
-        cfg = build_config(cls, parsed)
-    except ConfigError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
-    if check is not None:
-        try:
+        cfg = load_config(cls, argv)
+        if check is not None:
             check(cfg)
-        except ValueError as exc:
-            print(f"{prog}: error: {exc}", file=sys.stderr)
-            raise SystemExit(EXIT_USAGE) from None
-    if parsed.dry_run:
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if "--dry-run" in argv:
         print(dump_toml(cfg), end="")
         raise SystemExit(0)
     return cfg
@@ -87,19 +80,25 @@ def parse_config(
 
 def load_config(cls: type[T], argv: Sequence[str]) -> T:
     """Files + flags -> validated `cls`; raises `ConfigError` (one line) on any user error."""
-    return build_config(cls, read_argv(cls, list(argv)))
-
-
-def build_config(cls: type[T], parsed: ParsedArgs) -> T:
-    """Merge the files of `parsed` left to right, apply its overrides, validate."""
-    _check_duplicate_sets(parsed.sets)
+    files, flags = _scan(cls, list(argv))
+    for i, item in enumerate(flags):
+        for old in flags[:i]:
+            if old.path == item.path:
+                raise ConfigError(f"'{'.'.join(item.path)}' is set twice on the command line: "
+                                  f"{old.flag} {old.raw!r} and {item.flag} {item.raw!r}")  # fmt: skip
+            if item.path[: len(old.path)] == old.path or old.path[: len(item.path)] == item.path:
+                raise ConfigError(f"conflicting flags {old.flag} and {item.flag}: one sets part of the other")
     merged: dict[str, Any] = {}
     provenance: dict[KeyPath, str] = {}
-    for file_arg in parsed.files:
-        data, leaves = file_layer(cls, str(file_arg.path), prefix=file_arg.prefix)
-        _apply(merged, provenance, data, leaves)
-    for item in parsed.sets:
-        _apply(merged, provenance, _nest(item.path, item.value), {item.path: item.flag})
+    layers = [(_nest(prefix, _normalize(cls, read_toml(path), prefix, path, leaves)), leaves)
+              for prefix, path, leaves in ((p, f, {}) for p, f in files)]  # fmt: skip
+    for data, leaves in [*layers, *((_flag_data(cls, f), {f.path: f.flag}) for f in flags)]:
+        merged.update(deep_merge(merged, data))
+        for path in leaves:  # a scalar or list replacing a whole table drops the table's sources
+            if not isinstance(lookup(data, path)[1], dict):
+                for old in [old for old in provenance if len(old) > len(path) and old[: len(path)] == path]:
+                    del provenance[old]
+        provenance.update(leaves)
     expand_shorthands(cls, merged)
     fill_discriminators(cls, merged)
     try:
@@ -108,19 +107,225 @@ def build_config(cls: type[T], parsed: ParsedArgs) -> T:
         raise ConfigError(format_validation_error(cls, exc, provenance)) from None
 
 
+def dump_toml(cfg: BaseModel) -> str:
+    """The resolved config as TOML (None values dropped: TOML has no null, and None is every such default)."""
+    import tomli_w
+
+    def drop_none(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: drop_none(v) for k, v in value.items() if v is not None}
+        return [drop_none(v) for v in value] if isinstance(value, list) else value
+
+    return tomli_w.dumps(drop_none(cfg.model_dump(mode="json")))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+@functools.cache
+def _parser(cls: type[BaseModel], prog: str = "") -> Any:
+    """pydantic-settings' CLI source of `cls`: kebab-case flags, `--x`/`--no-x` booleans, `--help` text."""
+    from pydantic_settings import CliSettingsSource
+
+    usage = f"{prog} [@ FILE.toml ...] [--KEY VALUE ...] [--dry-run] [--help]"
+    layout = functools.partial(argparse.RawDescriptionHelpFormatter, width=110, max_help_position=40)
+    doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+    parser = _Parser(prog=prog, usage=usage, description=doc, epilog=NOTES, formatter_class=layout)
+    return CliSettingsSource(
+        cls, root_parser=parser, cli_implicit_flags=True, cli_kebab_case=True, cli_exit_on_error=False
+    )
+
+
+def _scan(cls: type[BaseModel], argv: list[str]) -> tuple[list[tuple[KeyPath, str]], list[Flag]]:
+    """argv -> the TOML files to merge as (prefix, path) in order, and the flags."""
+    files: list[tuple[KeyPath, str]] = []
+    flags: list[Flag] = []
+    i = 0
+    while i < len(argv):
+        arg, nxt = argv[i], argv[i + 1] if i + 1 < len(argv) else None
+        flag, eq, inline = arg.partition("=")
+        if arg == "--dry-run":
+            i += 1
+        elif arg.startswith("@"):
+            i = _take_file(argv, i, (), "", files)
+        elif flag.startswith("--"):
+            item = _read_flag(cls, flag, eq, inline, nxt)
+            if item.raw is FILE:
+                i = _take_file(argv, i + 1, item.path, f" after {flag}", files)
+            else:
+                flags.append(item)
+                i += 1 if eq or isinstance(item.raw, bool) else 2
+        else:
+            raise ConfigError(
+                f"unexpected argument '{arg}' (config files start with '@', overrides with '--')"
+            )
+    return files, flags
+
+
+def _take_file(argv: list[str], i: int, prefix: KeyPath, owner: str, files: list) -> int:
+    """`@ FILE` / `@FILE` at argv[i] -> `files`; returns the index after it."""
+    if not argv[i][1:] and (i + 1 >= len(argv) or argv[i + 1].startswith(("-", "@"))):
+        raise ConfigError(f"'@'{owner} must be followed by a TOML file path")
+    files.append((prefix, argv[i][1:] or argv[i + 1]))
+    return i + 1 if argv[i][1:] else i + 2
+
+
+def _read_flag(cls: type[BaseModel], flag: str, eq: str, inline: str, nxt: str | None) -> Flag:
+    """`--key[=VALUE]` (and the VALUE or `@ FILE` after it) -> a Flag; a word after a boolean is its value."""
+    if flag == "--":
+        raise ConfigError(f"empty flag '{flag}{eq}{inline}'")
+    path, annotation, library, negated = _resolve_flag(cls, flag)
+    if negated and eq:
+        raise ConfigError(f"{flag} takes no value")
+    if negated or _is_bool(annotation):
+        takes = not negated and not eq and nxt is not None and not nxt.startswith(("--", "@"))
+        return Flag(flag, path, inline if eq else nxt if takes else not negated, annotation, False)
+    if not eq and nxt is not None and nxt.startswith("@"):
+        if not (_sections(annotation) or (annotation is not FREE and _wants_json(annotation))):
+            raise ConfigError(
+                f"{flag}: '{'.'.join(path)}' is not a section, a TOML file cannot be merged into it"
+            )
+        return Flag(flag, path, FILE, annotation, False)
+    if not eq and (nxt is None or (nxt.startswith("--") and len(nxt) > 2)):
+        raise ConfigError(f"{flag} needs a value")
+    return Flag(flag, path, inline if eq else nxt, annotation, library)
+
+
+def _resolve_flag(cls: type[BaseModel], flag: str) -> tuple[KeyPath, Any, bool, bool]:
+    """(path, annotation, a schema field path, negated) of `--name`; `--no-x` negates boolean `x`."""
+    try:
+        return (*resolve(cls, flag[2:].split(".")), False)
+    except ConfigError as exc:
+        error = ConfigError(f"{flag}: {exc}")
+    try:
+        path, annotation, _ = resolve(cls, flag[5:].split(".")) if flag[2:5] in ("no-", "no_") else error.args
+    except (ConfigError, ValueError):
+        raise error from None
+    if not _is_bool(annotation) and annotation is not FREE:
+        raise ConfigError(f"{flag}: '{'.'.join(path)}' is not a boolean")
+    return path, annotation, False, True
+
+
+def _flag_data(cls: type[BaseModel], item: Flag) -> dict[str, Any]:
+    """One flag as nested data: pydantic-settings parses schema fields, the rest is set here."""
+    if item.library:
+        kebab = "--" + ".".join(segment.replace("_", "-") for segment in item.path)
+        try:
+            return _parser(cls)(args=[f"{kebab}={item.raw}"])()
+        except Exception as exc:  # the library's SettingsError or argparse error: one line, named by flag
+            raise ConfigError(f"{item.flag}: {str(exc).splitlines()[0]}") from None
+    value = item.raw
+    if isinstance(value, str) and value.lower() in ("null", "none") and item.annotation is FREE:
+        value = None
+    elif isinstance(value, str) and _wants_json(item.annotation):
+        with contextlib.suppress(json.JSONDecodeError):  # a plain word stays a string
+            value = json.loads(value)
+    return _nest(item.path, value)
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The alternatives of a (possibly Optional/Annotated) annotation, `None` as `type(None)`."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _members(arg)]
+    return [annotation]
+
+
+def _sections(annotation: Any) -> list[type[BaseModel]]:
+    return [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
+def _shorthands(model: type[BaseModel]) -> dict[str, str]:
+    return model.shorthands if issubclass(model, BaseConfig) else {}
+
+
+def _is_bool(annotation: Any) -> bool:
+    return {m for m in _members(annotation) if m is not type(None)} == {bool}
+
+
+def _wants_json(annotation: Any) -> bool:
+    """Containers, sections and free-form values take JSON on the command line."""
+    kinds = (list, dict, tuple, set, frozenset)
+    alts = _members(annotation)
+    return any(m in (FREE, Any, *kinds) or typing.get_origin(m) in kinds for m in alts) or bool(
+        _sections(alts)
+    )
+
+
+def _item(annotation: Any) -> Any:
+    """The item annotation of a list/tuple/set annotation (FREE when unknown)."""
+    for m in _members(annotation):
+        if typing.get_origin(m) in (list, tuple, set, frozenset):
+            args = [a for a in typing.get_args(m) if a is not Ellipsis]
+            return args[0] if len(args) == 1 else FREE
+    return FREE
+
+
+def _child(annotation: Any, segment: str) -> tuple[str, Any, bool] | None:
+    """One key down: (its field name, its annotation, is a schema field), or None when not a key."""
+    models = _sections(annotation)
+    for name in (segment, segment.replace("-", "_")):
+        for model in models:
+            if name in model.model_fields:
+                return name, model.model_fields[name].annotation, True
+            if name in _shorthands(model):  # `env`, one item of `envs`
+                return name, _item(model.model_fields[_shorthands(model)[name]].annotation), False
+    for m in [] if models else _members(annotation):
+        if m in (FREE, Any, dict) or typing.get_origin(m) is dict:
+            value = typing.get_args(m)[1] if len(typing.get_args(m)) == 2 else Any
+            return segment, FREE if value is Any else value, False
+    return None
+
+
+def resolve(cls: type[BaseModel], segments: list[str]) -> tuple[KeyPath, Any, bool]:
+    """A dotted key against the schema: (field path, annotation, every step a field) or ConfigError."""
+    path: list[str] = []
+    annotation, direct = cls, True
+    for segment in segments:
+        step = _child(annotation, segment) if segment else None
+        if not segment:
+            raise ConfigError(f"empty key segment in '{'.'.join(segments)}'")
+        if step is None and path and not _sections(annotation):
+            kind = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+            raise ConfigError(f"'{'.'.join(path)}' is not a section (type {kind}), it has no key '{segment}'")
+        if step is None:
+            raise ConfigError(_unknown(cls, [*path, segment]))
+        path.append(step[0])
+        annotation, direct = step[1], direct and step[2]
+    return tuple(path), annotation, direct
+
+
+def _paths(cls: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    for name, info in cls.model_fields.items():
+        yield prefix + name
+        for sub in _sections(info.annotation):
+            yield from _paths(sub, f"{prefix}{name}.")
+
+
+def _unknown(cls: type[BaseModel], bad: list[str]) -> str:
+    """`unknown key 'a.b' (did you mean 'x.b'?)`: the same leaf elsewhere first, then the closest path."""
+    paths = list(dict.fromkeys(_paths(cls)))
+    same_leaf = [p for p in paths if p.rsplit(".", 1)[-1] == bad[-1].replace("-", "_")]
+    close = difflib.get_close_matches(".".join(s.replace("-", "_") for s in bad), paths, n=1, cutoff=0.6)
+    hint = min(same_leaf, key=len) if same_leaf else close[0] if close else None
+    return f"unknown key '{'.'.join(bad)}'" + (f" (did you mean '{hint}'?)" if hint else "")
+
+
 def expand_shorthands(cls: type[BaseModel], data: dict[str, Any]) -> None:
-    """Rewrite each shorthand key (`BaseConfig.shorthands`, e.g. `env`) to its list (`envs = [env]`), in
-    every section of `data`; giving both spellings is an error naming both."""
-    for short, target in getattr(cls, "shorthands", {}).items():
-        if short not in data:
-            continue
-        if data.get(target):
+    """Each shorthand key (`env`) becomes its list (`envs = [env]`), in every section; both is an error."""
+    for short, target in _shorthands(cls).items():
+        if short in data and data.get(target):
             raise ConfigError(f"{short} and {target}: give one item as `{short}` or a list as `{target}`")
-        data[target] = [data.pop(short)]
+        if short in data:
+            data[target] = [data.pop(short)]
     for name, info in cls.model_fields.items():
         value = data.get(name)
-        for sub in model_members(info.annotation) if isinstance(value, dict) else []:
-            if all(key in sub.model_fields or key in getattr(sub, "shorthands", {}) for key in value):
+        for sub in _sections(info.annotation) if isinstance(value, dict) else []:
+            if all(key in sub.model_fields or key in _shorthands(sub) for key in value):
                 expand_shorthands(sub, value)
                 break
 
@@ -128,189 +333,89 @@ def expand_shorthands(cls: type[BaseModel], data: dict[str, Any]) -> None:
 def fill_discriminators(cls: type[BaseModel], data: dict[str, Any]) -> None:
     """A partial union section without its tag (`--loss.low 0.3`) gets the default variant's tag."""
     for name, info in cls.model_fields.items():
-        value = data.get(name)
-        variants = model_members(info.annotation)
+        value, variants = data.get(name), _sections(info.annotation)
         if not isinstance(value, dict) or not variants:
             continue
-        tag_key = info.discriminator if isinstance(info.discriminator, str) else None
-        if tag_key is not None and tag_key not in value:
-            default = info.get_default(call_default_factory=True, validated_data={})
-            if isinstance(default, BaseModel) and getattr(default, tag_key, None) is not None:
-                value[tag_key] = getattr(default, tag_key)
-        chosen = [v for v in variants if tag_key is None or _tag_of(v, tag_key) == value.get(tag_key)]
-        chosen = [v for v in chosen if all(key in v.model_fields for key in value)]
+        tag = info.discriminator if isinstance(info.discriminator, str) else None
+        default = info.get_default(call_default_factory=True, validated_data={}) if tag else None
+        if tag and tag not in value and isinstance(default, BaseModel) and tag in type(default).model_fields:
+            value[tag] = getattr(default, tag)
+        chosen = [v for v in variants if all(key in v.model_fields for key in value)]
+        chosen = [v for v in chosen if not tag or _tag_default(v, tag) == value.get(tag)]
         if chosen:
             fill_discriminators(chosen[0], value)
 
 
-def _tag_of(variant: type[BaseModel], tag_key: str) -> Any:
-    info = variant.model_fields.get(tag_key)
-    return None if info is None else info.default
-
-
-def dump_toml(cfg: BaseModel) -> str:
-    """The resolved config as TOML (None values dropped: TOML has no null, and None is every such default)."""
-    import tomli_w
-
-    return tomli_w.dumps(drop_none(cfg.model_dump(mode="json")))
-
-
-def drop_none(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: drop_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [drop_none(v) for v in value]
-    return value
-
-
-# ------------------------------------------------------------------------------------------ merging
-
-
-def _check_duplicate_sets(sets: list[SetArg]) -> None:
-    for i, item in enumerate(sets):
-        for earlier in sets[:i]:
-            if earlier.path == item.path:
-                raise ConfigError(
-                    f"'{'.'.join(item.path)}' is set twice on the command line: "
-                    f"{earlier.flag} {earlier.value!r} and {item.flag} {item.value!r}"
-                )
-            shorter = min(len(earlier.path), len(item.path))
-            if earlier.path[:shorter] == item.path[:shorter]:
-                raise ConfigError(
-                    f"conflicting flags {earlier.flag} and {item.flag}: one sets part of the other"
-                )
-
-
-def _nest(path: KeyPath, value: Any) -> dict[str, Any]:
-    for segment in reversed(path):
-        value = {segment: value}
-    return value
-
-
-def _apply(
-    merged: dict[str, Any], provenance: dict[KeyPath, str], data: dict[str, Any], leaves: dict[KeyPath, str]
-) -> None:
-    merged.update(deep_merge(merged, data))
-    for path in leaves:
-        _, value = lookup(data, path)
-        if isinstance(value, dict):
-            continue  # a table merges into what is there: the sources below it stay valid
-        for old in [old for old in provenance if len(old) > len(path) and old[: len(path)] == path]:
-            del provenance[old]  # a scalar or list replaced the whole subtree
-    provenance.update(leaves)
-
-
-# -------------------------------------------------------------------------------------------- files
+def _tag_default(variant: type[BaseModel], tag: str) -> Any:
+    return variant.model_fields[tag].default if tag in variant.model_fields else None
 
 
 def read_toml(path: str) -> dict[str, Any]:
     """Parse one TOML file; a missing file or a syntax error becomes a one-line `ConfigError`."""
-    file = Path(path)
-    if not file.exists():
-        raise ConfigError(f"config file not found: {path}")
-    if not file.is_file():
-        raise ConfigError(f"config path is not a file: {path}")
+    if not Path(path).is_file():
+        raise ConfigError(
+            f"config {'path is not a file' if Path(path).exists() else 'file not found'}: {path}"
+        )
     try:
-        with file.open("rb") as handle:
+        with Path(path).open("rb") as handle:
             return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        # tomllib says "Cannot overwrite a value" for a key defined twice in one file.
-        hint = "duplicate key: " if "Cannot overwrite" in str(exc) else ""
+    except tomllib.TOMLDecodeError as exc:  # tomllib says "Cannot overwrite a value" for a key set twice
+        hint = "duplicate key: " * ("Cannot overwrite" in str(exc))
         raise ConfigError(f"{path}: TOML syntax error: {hint}{exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
 
 
-def file_layer(
-    cls: type[BaseModel], path: str, *, prefix: KeyPath
-) -> tuple[dict[str, Any], dict[KeyPath, str]]:
-    """Read `path`, check its keys against the schema under `prefix`, nest it there; (data, leaf sources)."""
-    leaves: dict[KeyPath, str] = {}
-    data = _normalize(cls, read_toml(path), prefix=prefix, source=path, leaves=leaves)
-    return _nest(prefix, data) if prefix else data, leaves
-
-
-def _normalize(
-    cls: type[BaseModel], table: dict[str, Any], *, prefix: KeyPath, source: str, leaves: dict[KeyPath, str]
-) -> dict[str, Any]:
-    """Rewrite kebab-case keys to field names (recursively), recording which leaf came from `source`."""
+def _normalize(cls: type[BaseModel], table: dict, prefix: KeyPath, source: str, leaves: dict) -> dict:
+    """A file's keys as field names (checked against the schema), recording each leaf's `source`."""
     out: dict[str, Any] = {}
     for key, value in table.items():
         try:
-            path, annotation = resolve(cls, [*prefix, key])
+            path, annotation, _ = resolve(cls, [*prefix, key])
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
-        name = path[-1]
-        if name in out:
-            raise ConfigError(f"{source}: key '{'.'.join(path)}' appears twice (as '{key}' and '{name}')")
-        if isinstance(value, dict) and model_members(annotation):
-            out[name] = _normalize(cls, value, prefix=path, source=source, leaves=leaves)
-        else:
-            out[name] = value
-            leaves[path] = source
+        if path[-1] in out:
+            raise ConfigError(f"{source}: key '{'.'.join(path)}' appears twice (as '{key}' and '{path[-1]}')")
+        nested = isinstance(value, dict) and _sections(annotation)
+        out[path[-1]] = _normalize(cls, value, path, source, leaves) if nested else value
+        leaves.update({} if nested else {path: source})
     return out
 
 
-# ------------------------------------------------------------------------------------------- errors
+def _nest(path: KeyPath, value: Any) -> Any:
+    for segment in reversed(path):
+        value = {segment: value}
+    return value
 
 
-def format_validation_error(
-    cls: type[BaseModel], exc: ValidationError, provenance: dict[KeyPath, str]
-) -> str:
+def format_validation_error(cls: type[BaseModel], exc: ValidationError, provenance: dict) -> str:
     """The first pydantic error as `<source>: <dotted.key>: <reason> (got <value>)` (+ count of others)."""
     errors = exc.errors(include_url=False)
-    first = errors[0]
-    loc = schema_loc(cls, first["loc"])
-    if first["type"] == "extra_forbidden":  # e.g. a key of a list item: not in the schema, so named here
-        loc = (*loc, str(first["loc"][-1]))
-    source = _source_of(loc, provenance)
-    # A flag already names its key (`--optim.lr: ...`); a file does not.
-    key = "" if source.startswith("--") and provenance.get(loc) == source else ".".join(loc)
-    parts = [p for p in (source, key) if p]
-    text = ": ".join([*parts, _reason(first)])
-    if len(errors) > 1:
-        text += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    return text
-
-
-def schema_loc(cls: type[BaseModel], loc: tuple[Any, ...]) -> KeyPath:
-    """A pydantic error location as config keys: union tags (`mask`, `int`) dropped, list indexes kept."""
-    out: list[str] = []
-    annotation: Any = cls
-    for segment in loc:
+    first, loc, annotation = errors[0], [], cls
+    for segment in first["loc"]:  # as config keys: union tags (`mask`, `int`) dropped, list indexes kept
         if isinstance(segment, int):
-            out[-1:] = [f"{out[-1]}[{segment}]"] if out else [f"[{segment}]"]
-            annotation = item_annotation(annotation)
-            continue
-        step = child_annotation(annotation, str(segment))
-        if step is not None:
-            out.append(step[0])
+            loc[-1:], annotation = [f"{loc[-1] if loc else ''}[{segment}]"], _item(annotation)
+        elif (step := _child(annotation, str(segment))) is not None:
+            loc.append(step[0])
             annotation = step[1]
-        # else: a union tag such as 'mask', 'int' or 'function-after[...]': not a config key
-    return tuple(out)
+    if first["type"] == "extra_forbidden":  # a key of a list item: not in the schema, so named here
+        loc.append(str(first["loc"][-1]))
+    plain = tuple(segment.split("[")[0] for segment in loc)
+    sources = [provenance[plain[:end]] for end in range(len(plain), 0, -1) if plain[:end] in provenance]
+    below = {source for path, source in provenance.items() if path[: len(plain)] == plain}
+    source = sources[0] if sources else below.pop() if len(below) == 1 else ""
+    named = source.startswith("--") and provenance.get(tuple(loc)) == source  # a flag names its key
+    text = ": ".join([p for p in (source, "" if named else ".".join(loc)) if p] + [_reason(first)])
+    return text + (f" (and {len(errors) - 1} more error{'s' * (len(errors) > 2)})" if len(errors) > 1 else "")
 
 
 def _reason(error: dict[str, Any]) -> str:
-    message = str(error["msg"])
+    message, value = str(error["msg"]), error.get("input")
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):
             return message[len(prefix) :]
-    if error["type"] == "missing":
-        return "required value is missing"
-    if error["type"] == "extra_forbidden":
-        return "unknown key"
-    value = error.get("input")
+    if error["type"] in ("missing", "extra_forbidden"):
+        return "required value is missing" if error["type"] == "missing" else "unknown key"
     if value is None or isinstance(value, str | int | float | bool):
-        shown = repr(value)
-        return f"{message} (got {shown[:80]}{'...' if len(shown) > 80 else ''})"
+        return f"{message} (got {repr(value)[:80]}{'...' * (len(repr(value)) > 80)})"
     return message
-
-
-def _source_of(loc: KeyPath, provenance: dict[KeyPath, str]) -> str:
-    """Which file/flag set the value at `loc` (or the single source of everything below it)."""
-    plain = tuple(segment.split("[")[0] for segment in loc)
-    for end in range(len(plain), 0, -1):
-        if plain[:end] in provenance:
-            return provenance[plain[:end]]
-    below = {source for path, source in provenance.items() if path[: len(plain)] == plain}
-    return below.pop() if len(below) == 1 else ""
