@@ -12,7 +12,7 @@ class implementing `EnvRunner` plus its entry in `RUNNERS` (and the `env.runner`
 Invariants:
 - `RUNNERS` is the one place a runner name picks its class; it holds every `env.runner` value;
 - `start` either returns with the runner ready to `run`, or raises with nothing of it left running;
-- `stop` is safe before or after a failed `start` and more than once;
+- a runner is started at most once; `stop` is safe without a `start`, after a failed one and twice;
 - an in-process runner's serving resources (`env.serving()`) are entered and exited in one supervised
   background task between `start` and `stop`, as their async context managers require.
 """
