@@ -13,7 +13,7 @@ Unit: one trajectory (one trained seat of one verifiers episode), measured by `t
 tokens the trajectory sampled (`Episode.metrics["sampled_tokens"]`, every turn and branch of its seat,
 set by the rollout source; else its loss tokens), snapshotted when it is first counted so a later
 truncation does not change it. A cancelled episode counts with the tokens it had sampled when cancelled
-(the rollout source's `cancelled_lengths`, per trajectory): a lower bound of its length. A trajectory that
+(`RolloutSource.take_cancelled_lengths`, per trajectory): a lower bound of its length. A trajectory that
 sampled nothing (a seat without a turn, an episode cancelled before its first token) carries no length
 and is counted in no population (`rollout/length/empty`).
 
