@@ -141,6 +141,7 @@ def test_help_lists_every_field_with_type_default_and_description(capsys):
         "Run mode. (default: async)",
         "--schedule [JSON]",
         "--schedule.min-ratio float",
+        "Variant tag. (default: constant)",  # the section's default variant, not the last one
         "--wandb.enabled, --no-wandb.enabled",
     ):
         assert line in text, line

@@ -18,6 +18,7 @@ import contextlib
 import difflib
 import functools
 import json
+import re
 import sys
 import tomllib
 import types
@@ -90,8 +91,7 @@ def load_config(cls: type[T], argv: Sequence[str]) -> T:
                 raise ConfigError(f"conflicting flags {old.flag} and {item.flag}: one sets part of the other")
     merged: dict[str, Any] = {}
     provenance: dict[KeyPath, str] = {}
-    layers = [(_nest(prefix, _normalize(cls, read_toml(path), prefix, path, leaves)), leaves)
-              for prefix, path, leaves in ((p, f, {}) for p, f in files)]  # fmt: skip
+    layers = [_file_layer(cls, prefix, path) for prefix, path in files]
     for data, leaves in [*layers, *((_flag_data(cls, f), {f.path: f.flag}) for f in flags)]:
         merged.update(deep_merge(merged, data))
         for path in leaves:  # a scalar or list replacing a whole table drops the table's sources
@@ -111,12 +111,7 @@ def dump_toml(cfg: BaseModel) -> str:
     """The resolved config as TOML (None values dropped: TOML has no null, and None is every such default)."""
     import tomli_w
 
-    def drop_none(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: drop_none(v) for k, v in value.items() if v is not None}
-        return [drop_none(v) for v in value] if isinstance(value, list) else value
-
-    return tomli_w.dumps(drop_none(cfg.model_dump(mode="json")))
+    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -133,9 +128,23 @@ def _parser(cls: type[BaseModel], prog: str = "") -> Any:
     layout = functools.partial(argparse.RawDescriptionHelpFormatter, width=110, max_help_position=40)
     doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
     parser = _Parser(prog=prog, usage=usage, description=doc, epilog=NOTES, formatter_class=layout)
-    return CliSettingsSource(
+    source = CliSettingsSource(
         cls, root_parser=parser, cli_implicit_flags=True, cli_kebab_case=True, cli_exit_on_error=False
     )
+    _tag_defaults(cls, parser)
+    return source
+
+
+def _tag_defaults(cls: type[BaseModel], parser: argparse.ArgumentParser, prefix: str = "--") -> None:
+    """The library's help gives a union's tag its last variant's default: show the section's default."""
+    for name, info in cls.model_fields.items():
+        tag = info.discriminator if isinstance(info.discriminator, str) else None
+        default = info.get_default(call_default_factory=True, validated_data={}) if tag else None
+        action = parser._option_string_actions.get(f"{prefix}{name}.{tag}".replace("_", "-"))
+        if action is not None and action.help and isinstance(default, BaseModel):
+            action.help = re.sub(r"\(default: [^)]*\)$", f"(default: {getattr(default, tag)})", action.help)
+        for sub in _sections(info.annotation):
+            _tag_defaults(sub, parser, f"{prefix}{name}.")
 
 
 def _scan(cls: type[BaseModel], argv: list[str]) -> tuple[list[tuple[KeyPath, str]], list[Flag]]:
@@ -364,6 +373,12 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: TOML syntax error: {hint}{exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
+
+
+def _file_layer(cls: type[BaseModel], prefix: KeyPath, path: str) -> tuple[dict, dict[KeyPath, str]]:
+    """One TOML file nested under `prefix`, and the file as the source of each of its leaves."""
+    leaves: dict[KeyPath, str] = {}
+    return _nest(prefix, _normalize(cls, read_toml(path), prefix, path, leaves)), leaves
 
 
 def _normalize(cls: type[BaseModel], table: dict, prefix: KeyPath, source: str, leaves: dict) -> dict:
