@@ -15,7 +15,7 @@ One module for both ends, so that they agree byte for byte with SGLang's own imp
   `load_format`). `plan_buckets` bounds a bucket's bytes (a single tensor larger than the bound is a bucket
   of its own), so neither end holds more than one bucket of staging memory beyond the weights.
 - dtype names are torch's attribute names without the `torch.` prefix ("float32", "bfloat16"), as SGLang
-  resolves them (`getattr(torch, name)`).
+  resolves them (`getattr(torch, name)`; `tensor_meta.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import torch.distributed as dist
 from prime_async.weights.tensor_meta import TensorMeta, dtype_name, dtype_of
 
 GroupBackend = Literal["gloo", "nccl"]
-DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default `group_name`
 
 
 def resolve_backend(backend: str, device: torch.device | str) -> GroupBackend:
