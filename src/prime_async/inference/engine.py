@@ -40,11 +40,11 @@ from typing import Any
 
 import torch
 
-from prime_async.inference.linear import Kernels
-from prime_async.inference.lora import Adapter, read_adapter
+from prime_async.inference.engine_adapters import AdapterRegistry
+from prime_async.inference.engine_settings import EngineSettings
+from prime_async.inference.lora import Adapter
 from prime_async.inference.model_runner import ModelRunner
 from prime_async.inference.sampler import SamplingParams, sample
-from prime_async.inference.static_decode import DecodeStep
 from prime_async.types import EnginePauseMode
 
 logger = logging.getLogger(__name__)
@@ -92,56 +92,38 @@ class _Defer(Exception):
 
 
 class Engine:
-    """Continuous-batching engine over a `ModelRunner`; all public methods are coroutine-safe."""
+    """Continuous-batching engine over a `ModelRunner`; all public methods are coroutine-safe. Built from
+    one `EngineSettings` record (`engine_settings.py`); its LoRA adapters are an `AdapterRegistry`."""
 
-    def __init__(
-        self,
-        *,
-        model_path: str,
-        dtype: str = "auto",
-        device: str = "auto",
-        max_running_requests: int = 64,
-        max_prefill_tokens: int = 4096,
-        max_len: int = 2048,
-        kv_cache_chunk: int = 256,
-        num_threads: int = 1,
-        seed: int = 0,
-        weight_version: str = "0",
-        kernels: Kernels = "packed",
-        deterministic: bool = False,
-        max_lora_rank: int | None = None,
-        lora_target_modules: list[str] | None = None,
-        max_loaded_loras: int = 4,
-        decode_step: DecodeStep = "auto",
-        decode_buckets: list[int] | None = None,
-    ):
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self._num_threads = num_threads if device == "cpu" else None
+    def __init__(self, settings: EngineSettings):
+        s = settings
+        device = s.device if s.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        self._num_threads = s.num_threads if device == "cpu" else None
         if self._num_threads:
-            torch.set_num_threads(num_threads)
+            torch.set_num_threads(s.num_threads)
         self.runner = ModelRunner(
-            model_path=model_path, dtype=dtype, device=device,
-            num_slots=max_running_requests, max_len=max_len, chunk=kv_cache_chunk, kernels=kernels,
-            decode_step=decode_step, decode_buckets=decode_buckets,
+            model_path=s.model_path, dtype=s.dtype, device=device,
+            num_slots=s.max_running_requests, max_len=s.max_len, chunk=s.kv_cache_chunk, kernels=s.kernels,
+            decode_step=s.decode_step, decode_buckets=s.decode_buckets,
         )  # fmt: skip
-        self.model_path = model_path
-        self.max_len = max_len
-        self.max_prefill_tokens = max_prefill_tokens
+        self.settings = settings
+        self.model_path = s.model_path
+        self.max_len = s.max_len
+        self.max_prefill_tokens = s.max_prefill_tokens
         self.vocab_size = self.runner.vocab_size
         eos = self.runner.model.config.eos_token_id
         gen_eos = getattr(getattr(self.runner.model, "generation_config", None), "eos_token_id", None)
         self.eos_ids = {
             e for x in (eos, gen_eos) if x is not None for e in (x if isinstance(x, list) else [x])
         }
-        self.weight_version = str(weight_version)
-        self.deterministic = deterministic
-        self.max_lora_rank, self.max_loaded_loras = max_lora_rank, max_loaded_loras
-        self.lora_modules = (
-            {m.rsplit(".", 1)[-1] for m in lora_target_modules} if lora_target_modules else None
-        )
+        self.weight_version = str(s.weight_version)
+        self.deterministic = s.deterministic
+        self.adapters = AdapterRegistry(
+            self.runner, max_rank=s.max_lora_rank, target_modules=s.lora_target_modules,
+            max_loaded=s.max_loaded_loras,
+        )  # fmt: skip
         self.paused = False
-        self._generator = torch.Generator(device=self.runner.device).manual_seed(seed)
+        self._generator = torch.Generator(device=self.runner.device).manual_seed(s.seed)
         self._inbox: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future, Any]] = queue.SimpleQueue()
         self._deferred: list[tuple[Callable[[], Any], asyncio.Future, Any]] = []
@@ -184,7 +166,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         adapter = None
         if lora is not None:
-            adapter = self.runner.adapters.get(lora)
+            adapter = self.adapters.get(lora)
             if adapter is None:
                 raise ValueError(f"The following requested LoRA adapters are not loaded: {lora}")
         gen = None
@@ -212,22 +194,18 @@ class Engine:
         return [[None, *lps] for lps in scored]
 
     async def load_lora_adapter(self, name: str, path: str) -> list[str]:
-        """Read, validate and register adapter `name`; returns the loaded names. ValueError on a bad
-        adapter, a taken name or a full registry (nothing changes then)."""
-        runner = self.runner
-        raw = await asyncio.to_thread(
-            read_adapter, name, path, num_layers=len(runner.layers), shapes=runner.linear_shapes(),
-            max_rank=self.max_lora_rank, allowed=self.lora_modules,
-        )  # fmt: skip
-        return await self._call(lambda: self._register(raw))
+        """Read, validate and register adapter `name` (`engine_adapters.py`); returns the loaded names.
+        ValueError on a bad adapter, a taken name or a full registry (nothing changes then)."""
+        raw = await self.adapters.read(name, path)
+        return await self._call(lambda: self.adapters.register(raw))
 
     async def unload_lora_adapter(self, name: str) -> list[str]:
         """New requests may no longer name `name` at once; it is dropped once its running requests end
         (as SGLang waits for them). Returns the names still loaded."""
-        adapter = await self._call(lambda: self._unregister(name))
+        adapter = await self._call(lambda: self.adapters.unregister(name))
         while adapter.refs > 0:
             await asyncio.sleep(0.02)
-        return list(self.runner.adapters)
+        return self.adapters.names()
 
     async def pause(self, mode: EnginePauseMode) -> None:
         await self._call(lambda: self._pause(mode))
@@ -265,26 +243,6 @@ class Engine:
 
     async def abort(self, rid: str | None, *, abort_all: bool = False) -> None:
         await self._call(lambda: self._abort(rid, abort_all))
-
-    def _register(self, raw) -> list[str]:
-        adapters = self.runner.adapters
-        if raw.name in adapters:
-            raise ValueError(f"The LoRA adapter with name {raw.name!r} is already loaded")
-        if len(adapters) >= self.max_loaded_loras:
-            raise ValueError(
-                f"{len(adapters)} LoRA adapters are loaded (max_loaded_loras = {self.max_loaded_loras}): "
-                "unload one first"
-            )
-        adapters[raw.name] = Adapter(raw=raw, layers=self.runner.fold_adapter(raw))
-        logger.info("loaded LoRA adapter %s from %s (rank %d)", raw.name, raw.path, raw.rank)
-        return list(adapters)
-
-    def _unregister(self, name: str) -> Adapter:
-        adapter = self.runner.adapters.pop(name, None)
-        if adapter is None:
-            raise ValueError(f"LoRA adapter {name!r} is not loaded (loaded: {sorted(self.runner.adapters)})")
-        logger.info("unloaded LoRA adapter %s", name)
-        return adapter
 
     def stats(self) -> dict[str, Any]:
         """Queue lengths, tokens generated, and `busy_s`: seconds the engine thread spent in forward steps

@@ -43,6 +43,7 @@ from prime_async.inference.api import (
     score_response,
 )
 from prime_async.inference.engine import Engine
+from prime_async.inference.engine_settings import EngineSettings
 from prime_async.utils.mem_fraction import apply_mem_fraction
 from prime_async.weights.receiver import WeightReceiver
 from prime_async.weights.shared_memory import open_share
@@ -133,6 +134,7 @@ def build_app(
     _add_generation_routes(app, engine, run_id)
     _add_admin_routes(app, engine, model_path)
     _add_distributed_routes(app, engine, receiver)
+    _add_tensor_routes(app, engine)
     return app
 
 
@@ -265,6 +267,27 @@ def _add_distributed_routes(app: FastAPI, engine: Engine, receiver: WeightReceiv
             return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
         return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
 
+    @app.post("/begin_weight_update")
+    async def begin_weight_update() -> JSONResponse:
+        """SGLang's weight-update session; the embedded engine loads in place and needs none (accepted)."""
+        return JSONResponse({"success": True, "message": "Success"})
+
+    @app.post("/end_weight_update")
+    async def end_weight_update() -> JSONResponse:
+        return JSONResponse({"success": True, "message": "Success"})
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(req: DestroyWeightsUpdateGroupReqInput) -> JSONResponse:
+        if receiver.leave(req.group_name):
+            return JSONResponse({"success": True, "message": "Succeeded to destroy custom process group."})
+        body = {"success": False, "message": "The group to be destroyed does not exist."}
+        return JSONResponse(body, status_code=400)
+
+
+def _add_tensor_routes(app: FastAPI, engine: Engine) -> None:
+    """SGLang's `/update_weights_from_tensor`: a version lent in shared memory (`weights.transport =
+    "shared"`); answers `{"success", "message"}` (400 on failure, old weights kept)."""
+
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(req: UpdateWeightsFromTensorReqInput) -> JSONResponse:
         """A version the trainer lends in shared memory: map it, copy every tensor, unmap (old weights kept
@@ -282,22 +305,6 @@ def _add_distributed_routes(app: FastAPI, engine: Engine, receiver: WeightReceiv
             logger.error("refused shared weights (v%s): %s", req.weight_version, exc)
             return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
         return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
-
-    @app.post("/begin_weight_update")
-    async def begin_weight_update() -> JSONResponse:
-        """SGLang's weight-update session; the embedded engine loads in place and needs none (accepted)."""
-        return JSONResponse({"success": True, "message": "Success"})
-
-    @app.post("/end_weight_update")
-    async def end_weight_update() -> JSONResponse:
-        return JSONResponse({"success": True, "message": "Success"})
-
-    @app.post("/destroy_weights_update_group")
-    async def destroy_weights_update_group(req: DestroyWeightsUpdateGroupReqInput) -> JSONResponse:
-        if receiver.leave(req.group_name):
-            return JSONResponse({"success": True, "message": "Succeeded to destroy custom process group."})
-        body = {"success": False, "message": "The group to be destroyed does not exist."}
-        return JSONResponse(body, status_code=400)
 
 
 def _lora_answer(engine: Engine, error: str | None = None) -> JSONResponse:
@@ -338,16 +345,7 @@ def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
 
 
 def build_engine(cfg: InferenceConfig) -> Engine:
-    e = cfg.engine
-    return Engine(
-        model_path=cfg.model.path, dtype=cfg.model.dtype, device=e.device,
-        max_running_requests=e.max_running_requests, max_prefill_tokens=e.max_prefill_tokens,
-        max_len=cfg.seq_len, kv_cache_chunk=e.kv_cache_chunk, num_threads=e.num_threads, seed=e.seed,
-        weight_version=str(cfg.weight_version), kernels=e.kernels, deterministic=cfg.deterministic,
-        max_lora_rank=cfg.lora.rank if cfg.lora else None,
-        lora_target_modules=cfg.lora.target_modules if cfg.lora else None,
-        max_loaded_loras=cfg.max_loaded_loras, decode_step=e.decode_step, decode_buckets=e.decode_buckets,
-    )  # fmt: skip
+    return Engine(EngineSettings.from_config(cfg))
 
 
 def run(cfg: InferenceConfig) -> None:
