@@ -18,7 +18,7 @@ import pytest
 from prime_async.config.env import EnvConfig
 from prime_async.config.loader import load_config, parse_config
 from prime_async.config.rl import RLConfig
-from prime_async.entrypoints.rl import check_run_envs
+from prime_async.entrypoints.commands import check_run_envs
 from prime_async.rollouts.env_check import env_keys, find_env, installed_env_ids
 from prime_async.rollouts.verifiers_config import resolve_verifiers_config
 

@@ -1,6 +1,6 @@
 """What every command does around its component: logging setup and the top-level error policy.
 
-Called by `entrypoints/{inference,orchestrator,trainer,rl}.py` after the config is parsed.
+Called by the commands of `entrypoints/commands.py` (and `doctor`) after the config is parsed.
 
 Invariants: handlers are configured here only (components just `logging.getLogger(__name__)`); a
 `ValueError` escaping a component is a user/config error: it is logged as one line (its traceback only at
@@ -14,7 +14,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prime_async.config.shared import LogConfig
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +32,9 @@ def _component_label(component: str) -> str:
     return f"{component}:rank{os.environ.get('RANK', '0')}" if world_size > 1 else component
 
 
-def setup_logging(log_cfg: Any, *, component: str) -> None:
+def setup_logging(log_cfg: LogConfig, *, component: str) -> None:
     """Configure the root logger: rich on an interactive terminal, plain timestamped lines otherwise."""
-    level = getattr(log_cfg, "level", "INFO")
+    level = log_cfg.level
     label = _component_label(component)
     if sys.stderr.isatty():
         from rich.logging import RichHandler

@@ -4,22 +4,9 @@ Parses `EvalConfig` (config schemas never import torch or verifiers, so `--help`
 fast), sets up logging, then imports and runs `prime_async.launcher.eval_command:run`.
 """
 
-from __future__ import annotations
+from prime_async.entrypoints.commands import COMMANDS
 
-from collections.abc import Sequence
-
-from prime_async.config.eval import EvalConfig
-from prime_async.config.loader import parse_config
-from prime_async.entrypoints.common import run_component, setup_logging
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    cfg = parse_config(EvalConfig, argv, prog="eval")
-    setup_logging(cfg.log, component="eval")
-    from prime_async.launcher.eval_command import run
-
-    run_component(run, cfg, component="eval")
-
+main = COMMANDS["eval"]  # the console script; entrypoints/commands.py
 
 if __name__ == "__main__":
     main()

@@ -4,22 +4,9 @@ Parses `ExportMegatronConfig` (no torch import until it is valid), then runs
 `prime_async.trainer.megatron.export:run`.
 """
 
-from __future__ import annotations
+from prime_async.entrypoints.commands import COMMANDS
 
-from collections.abc import Sequence
-
-from prime_async.config.export import ExportMegatronConfig
-from prime_async.config.loader import parse_config
-from prime_async.entrypoints.common import run_component, setup_logging
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    cfg = parse_config(ExportMegatronConfig, argv, prog="export-megatron")
-    setup_logging(cfg.log, component="export-megatron")
-    from prime_async.trainer.megatron.export import run
-
-    run_component(run, cfg, component="export-megatron")
-
+main = COMMANDS["export-megatron"]  # the console script; entrypoints/commands.py
 
 if __name__ == "__main__":
     main()

@@ -4,22 +4,9 @@ Parses `OrchestratorConfig` (config schemas never import torch or verifiers, so 
 return fast), sets up logging, then imports and runs `prime_async.orchestrator.main:run`.
 """
 
-from __future__ import annotations
+from prime_async.entrypoints.commands import COMMANDS
 
-from collections.abc import Sequence
-
-from prime_async.config.loader import parse_config
-from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.entrypoints.common import run_component, setup_logging
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    cfg = parse_config(OrchestratorConfig, argv, prog="orchestrator")
-    setup_logging(cfg.log, component="orchestrator")
-    from prime_async.orchestrator.main import run
-
-    run_component(run, cfg, component="orchestrator")
-
+main = COMMANDS["orchestrator"]  # the console script; entrypoints/commands.py
 
 if __name__ == "__main__":
     main()
