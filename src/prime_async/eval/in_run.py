@@ -29,7 +29,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -212,12 +211,3 @@ class InRunEval:
         for line in result.summary([env.name for env in self.envs]):
             logger.info(line)
         self.on_result(result)
-
-
-async def cancel_quietly(task: asyncio.Task | None) -> None:
-    """Cancel `task` and wait for it, whatever it raised."""
-    if task is None:
-        return
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -53,9 +53,9 @@ from prime_async.rollouts.episode_errors import user_frame
 from prime_async.rollouts.gateway import GatewayCall, GatewaySession
 from prime_async.rollouts.types import Episode
 
-ENV_ERROR_KINDS = (
+EnvErrorKind = Literal[
     "rollout", "reward", "prompt_too_long", "model_call", "empty_completion", "no_trace", "engine_abort",
-)  # fmt: skip
+]  # fmt: skip
 # verifiers' renderers client refuses a prompt longer than the gateway's `max_model_len` (= seq_len)
 # before any request is sent, with this message (renderers.OverlongPromptError)
 _OVERLONG = re.compile(r"Prompt length \((\d+)\) exceeds maximum context length \((\d+)\)")
@@ -71,7 +71,7 @@ def describe_errors(errors: list[Any]) -> str:
     return "; ".join(parts)
 
 
-def _error(episode: Episode, kind: str, message: str) -> Episode:
+def _error(episode: Episode, kind: EnvErrorKind, message: str) -> Episode:
     episode.status = "aborted" if kind == "engine_abort" else "error"
     episode.error = f"{kind}: {message}"
     episode.metrics["env_error"] = kind
@@ -208,11 +208,6 @@ def _idle(episode: Episode, trace: Any) -> Episode:
     return episode
 
 
-def build_episode(*, example_id: int, vf_episode: Any, session: GatewaySession, seq_len: int) -> Episode:
-    """The `Episode` of a single-agent verifiers episode (its last trained trajectory)."""
-    return build_episodes(example_id=example_id, vf_episode=vf_episode, session=session, seq_len=seq_len)[-1]
-
-
 def _trace_episode(
     episode: Episode, trace: Any, vf_episode: Any, session: GatewaySession, seq_len: int
 ) -> Episode:
@@ -266,17 +261,17 @@ def _trace_episode(
     return episode
 
 
-SPLIT_CAUSES = ("template_rerender", "history_rewritten")
+SplitCause = Literal["template_rerender", "history_rewritten"]
 
 
-def branch_split_causes(branches: list[Any]) -> list[str]:
+def branch_split_causes(branches: list[Any]) -> list[SplitCause]:
     """Why each branch after the first split off (one cause per extra branch), from where it departs
     from the earlier branch it shares the longest prefix with: `template_rerender` when the first
     differing node holds the same message (the chat extended the earlier one, but its tokens were
     rendered again: a bridge was declined), else `history_rewritten` (the env changed the messages)."""
     from verifiers.v1.graph import message_hash
 
-    causes = []
+    causes: list[SplitCause] = []
     for i, branch in enumerate(branches[1:], start=1):
         best, at = None, -1
         for earlier in branches[:i]:
@@ -323,7 +318,7 @@ def _sampled_tokens(trace: Any, episode: Episode) -> int:
     return sum(sum(node.mask) for node in nodes)
 
 
-def _no_sample_cause(trace: Any) -> tuple[str, str]:
+def _no_sample_cause(trace: Any) -> tuple[EnvErrorKind, str]:
     """(kind, message) of an episode in which the policy sampled no token: the first failed model call
     when there is one (that is the cause; the empty reply is its symptom)."""
     failed = next((c.error for c in getattr(trace, "calls", []) if c.error is not None), None)

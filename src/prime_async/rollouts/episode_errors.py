@@ -6,7 +6,7 @@ run's fatal errors (dropped-groups limit, every early episode failed) so the use
 Invariants:
 - an error's identity is (kind, first line of its message); kind is "teacher" for a scoring failure of
   the distillation teacher (`metrics["teacher_error"]`, `rollouts/teacher.py`), else
-  `Episode.metrics["env_error"]` (see `rollouts/episode.ENV_ERROR_KINDS`), else the episode's status;
+  `Episode.metrics["env_error"]` (see `rollouts/episode.EnvErrorKind`), else the episode's status;
 - the first episode with a given identity is logged at WARNING with the full message and the running
   count of that kind; later ones at DEBUG only, so a run of identical failures logs one line;
 - `counts_by_kind()` are cumulative since start (the `env/errors/<kind>` metrics);

@@ -56,10 +56,6 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, base_model_path: str):
     return peft_model
 
 
-def trainable_names(model: torch.nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
 def _full(t: torch.Tensor) -> torch.Tensor:
     if hasattr(t, "full_tensor"):  # an FSDP2 DTensor shard: all-gather (collective)
         t = t.full_tensor()
@@ -78,7 +74,3 @@ def peft_file_name(name: str) -> str:
 def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The trained adapter as full CPU tensors in PEFT's file naming (collective under FSDP2)."""
     return {peft_file_name(n): _full(p) for n, p in model.named_parameters() if p.requires_grad}
-
-
-def adapter_bytes(tensors: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
