@@ -245,7 +245,7 @@ def main() -> None:
     against = edges_against(edges, layers)
     print(f"\npackage edges: {len(edges)}; against the layering: {len(against)} {against}")
     print(f"cycles: {cycles(edges)}")
-    crossings = reachable_crossings(imports, f"{PACKAGE}.entrypoints.orchestrator", layers)
+    crossings = reachable_crossings(imports, f"{PACKAGE}.orchestrator.main", layers)
     print(f"imports against the layering on the orchestrator's code path: {len(crossings)}")
     n_classes, n_fields = config_classes()
     print(f"config classes: {n_classes}, fields: {n_fields}")
