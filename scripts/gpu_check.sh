@@ -62,7 +62,7 @@ declare -A LANE LIMIT WHEN CMD
 add() { NAMES+=("$1"); LANE[$1]=$2; LIMIT[$1]=$3; WHEN[$1]=$4; CMD[$1]=$5; }
 add install 0 60 always "install_wheels"
 add models 0 60 always "build_models"  # before the lanes: two runs of one config must not build it at once
-add versions 0 45 always "$PY scripts/gpu/versions.py $([ "$mode" = gpu ] && echo --cuda)"
+add versions 0 90 always "$PY scripts/gpu/versions.py $([ "$mode" = gpu ] && echo --cuda)"
 rl_run() {  # rl_run NAME STEPS ARGS...: a tiny rl, then one line of its metrics
   local name=$1 steps=$2; shift 2
   echo "$RL @ configs/tiny/rl.toml --max-steps $steps --output-dir $WORK/$name $RL_PORTS $* &&" \

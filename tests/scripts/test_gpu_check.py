@@ -71,7 +71,7 @@ def test_a_failing_check_does_not_stop_the_others(tmp_path: Path) -> None:
         "--extra", "bad=echo boom >&2; false", "--extra", f"leak=bash {leak}", "--extra", "hang=sleep 100",
         "--extra", "ok=echo fine", "--timeout", "hang=5",
     )  # fmt: skip
-    assert time.monotonic() - start < 150
+    assert time.monotonic() - start < 200  # the versions check may take up to its 90 s limit under load
     assert proc.returncode == 3, proc.stdout + proc.stderr
     rows = _rows((out / "table.md").read_text())
     assert list(rows) == ["versions", "bad", "leak", "hang", "ok"]
