@@ -35,6 +35,7 @@ from prime_async.rollouts.types import Episode, NoGateway
 from prime_async.transport.types import TrainBatch
 from prime_async.types import EnginePauseMode
 from prime_async.weights.loaders.filesystem import FilesystemLoader
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -405,7 +406,9 @@ async def run_simulation(
     }
     source = next(iter(sources.values()))
     broadcasts = broadcasts or InMemoryBroadcasts()
-    inputs = ComponentInputs(sources, engines, broadcasts, served_version=0, clock=loop.time)
+    inputs = ComponentInputs(
+        sources, engines, FilesystemLoader(broadcasts), served_version=0, clock=loop.time
+    )
     comps = build_components(cfg, inputs)
     comps.watcher.poll_interval_s = params.watcher_poll_s
     result = SimulationResult(comps=comps, engines=engines, source=source)

@@ -23,6 +23,7 @@ from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.orchestrator import run_loop
 from prime_async.rollouts.verifiers_source import build_rollout_source
 from prime_async.simulation import InMemoryBroadcasts
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 
 pytest.importorskip("verifiers.v1")
 
@@ -45,8 +46,9 @@ def test_env_metric_and_reward_functions_reach_step_metrics_and_episodes_jsonl(
             env_cfg=cfg.envs[0], engines=[engine], model_path=str(tiny_model_dir), seq_len=cfg.seq_len
         ) as source:
             comps = build_components(
-                cfg, ComponentInputs(source=source, engines=[engine], broadcasts=InMemoryBroadcasts(),
-                                     served_version=0, episode_log=episode_log),
+                cfg, ComponentInputs(source=source, engines=[engine],
+                                     loader=FilesystemLoader(InMemoryBroadcasts()), served_version=0,
+                                     episode_log=episode_log),
             )  # fmt: skip
 
             async def send(batch: Any) -> None:

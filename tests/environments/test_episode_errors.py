@@ -21,6 +21,7 @@ from prime_async.orchestrator.orchestrator import run_loop
 from prime_async.rollouts.episode_errors import EpisodesFailing
 from prime_async.rollouts.verifiers_source import build_rollout_source
 from prime_async.simulation import InMemoryBroadcasts
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 
 pytest.importorskip("verifiers.v1")
 FAULTY = Path(__file__).parent / "faulty_rewards.py"
@@ -47,7 +48,10 @@ def run(cfg: OrchestratorConfig, model_dir: Path) -> list[int]:
             comps = build_components(
                 cfg,
                 ComponentInputs(
-                    source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+                    source=source,
+                    engines=[engine],
+                    loader=FilesystemLoader(InMemoryBroadcasts()),
+                    served_version=0,
                 ),
             )
 

@@ -25,6 +25,7 @@ from prime_async.orchestrator.orchestrator import run_loop
 from prime_async.rollouts.env_sources import source_metrics
 from prime_async.rollouts.verifiers_source import build_rollout_source
 from prime_async.simulation import InMemoryBroadcasts
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 
 pytest.importorskip("verifiers.v1")
 
@@ -81,7 +82,10 @@ def _run(tmp_path: Path, model_dir: Path, overlong: str) -> list[dict[str, float
             comps = build_components(
                 cfg,
                 ComponentInputs(
-                    source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+                    source=source,
+                    engines=[engine],
+                    loader=FilesystemLoader(InMemoryBroadcasts()),
+                    served_version=0,
                 ),
             )
 

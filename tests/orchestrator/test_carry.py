@@ -17,6 +17,7 @@ from prime_async.orchestrator.types import Group
 from prime_async.rollouts.gateway import GatewayCall
 from prime_async.rollouts.types import Episode, PolicySpan
 from prime_async.simulation import InMemoryBroadcasts, SimParams, SimulatedEngine, SimulatedRolloutSource
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 
 
 def _episode(versions: list[int]) -> Episode:
@@ -76,7 +77,9 @@ def _orchestrator(out: Path, *, resume: bool):
     source = SimulatedRolloutSource(engines=engines, params=params, rng=random.Random(0))
     return build_components(
         cfg,
-        ComponentInputs(source=source, engines=engines, broadcasts=InMemoryBroadcasts(), served_version=3),
+        ComponentInputs(
+            source=source, engines=engines, loader=FilesystemLoader(InMemoryBroadcasts()), served_version=3
+        ),
     )
 
 

@@ -33,6 +33,7 @@ from prime_async.rollouts.teacher import TeacherScorer, TeacherUnavailable
 from prime_async.rollouts.types import Episode
 from prime_async.simulation import InMemoryBroadcasts, SimParams, SimulatedEngine, SimulatedRolloutSource
 from prime_async.utils.stall import StallWatch
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 
 
 def _closed_port() -> int:
@@ -110,7 +111,7 @@ async def _run(
         ComponentInputs(
             source=sources,
             engines=engines,
-            broadcasts=InMemoryBroadcasts(),
+            loader=FilesystemLoader(InMemoryBroadcasts()),
             served_version=0,
             teacher=teacher,
         ),

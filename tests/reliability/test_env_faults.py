@@ -27,6 +27,7 @@ from prime_async.orchestrator.components import ComponentInputs, build_component
 from prime_async.orchestrator.orchestrator import run_loop
 from prime_async.rollouts.verifiers_source import build_rollout_source
 from prime_async.simulation import InMemoryBroadcasts
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 
 pytest.importorskip("verifiers.v1")
 FLAKY = Path(__file__).parent / "flaky_rewards.py"
@@ -56,7 +57,10 @@ def test_reward_faults_and_overlong_are_counted_and_the_run_goes_on(tiny_model_d
             comps = build_components(
                 cfg,
                 ComponentInputs(
-                    source=source, engines=[engine], broadcasts=InMemoryBroadcasts(), served_version=0
+                    source=source,
+                    engines=[engine],
+                    loader=FilesystemLoader(InMemoryBroadcasts()),
+                    served_version=0,
                 ),
             )
 

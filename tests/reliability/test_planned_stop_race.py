@@ -31,6 +31,7 @@ from prime_async.simulation import InMemoryBroadcasts, SimParams, SimulatedEngin
 from prime_async.transport import zmq_batches
 from prime_async.transport.types import TrainBatch
 from prime_async.transport.zmq_batches import BatchReceiver, BatchSender
+from prime_async.weights.loaders.filesystem import FilesystemLoader
 from proc_helpers import free_port
 
 MAX_STEPS = 7
@@ -71,7 +72,10 @@ async def _lifetime(cfg: OrchestratorConfig, world: World, life: int) -> tuple[b
     comps = build_components(
         cfg,
         ComponentInputs(
-            source=world.sources, engines=world.engines, broadcasts=world.broadcasts, served_version=served
+            source=world.sources,
+            engines=world.engines,
+            loader=FilesystemLoader(world.broadcasts),
+            served_version=served,
         ),
     )
     comps.watcher.poll_interval_s = 0.05

@@ -37,9 +37,7 @@ from prime_async.orchestrator.types import Group
 from prime_async.rollouts.teacher import TeacherScorer
 from prime_async.rollouts.types import RolloutSource
 from prime_async.utils.stall import StallWatch
-from prime_async.weights.broadcasts import Broadcasts
 from prime_async.weights.loaders.base import WeightLoader
-from prime_async.weights.loaders.filesystem import FilesystemLoader
 from prime_async.weights.request_gate import RequestGate
 from prime_async.weights.watcher import UpdateSignal, WeightWatcher
 from prime_async.weights.watcher_peers import WatcherSettings
@@ -72,16 +70,15 @@ class ComponentInputs:
     engines, and the pieces built before the components (`main._run_lifetime`).
 
     `source` is the rollout source of each training env by name (a single source serves a one-env run);
-    `loader` brings versions to the engines (default: the filesystem loader over `broadcasts`);
+    `loader` is where versions come from and how they reach the engines (`weights/loaders/`);
     `request_gate` is the one gate every gateway in front of the training engines passes, `signal` what
     the control channel wakes the watcher with; all three are given to the watcher."""
 
     source: RolloutSource | Mapping[str, RolloutSource]
     engines: Sequence[EngineClient]
-    broadcasts: Broadcasts
+    loader: WeightLoader
     served_version: int
     clock: Callable[[], float] = time.monotonic
-    loader: WeightLoader | None = None
     request_gate: RequestGate | None = None
     stalls: StallWatch | None = None
     signal: UpdateSignal | None = None
@@ -164,9 +161,8 @@ def _watcher(
         update_interval=cfg.weights.update_interval,
         poll_interval_s=cfg.weights.poll_interval_s,
     )
-    loader = inputs.loader if inputs.loader is not None else FilesystemLoader(inputs.broadcasts)
     return WeightWatcher(
-        engines=inputs.engines, loader=loader, admission=admission, groups=groups, settings=settings,
+        engines=inputs.engines, loader=inputs.loader, admission=admission, groups=groups, settings=settings,
         clock=inputs.clock, schedule=schedule, request_gate=inputs.request_gate, stalls=inputs.stalls,
         signal=inputs.signal,
     )  # fmt: skip

@@ -39,7 +39,6 @@ from prime_async.rollouts.teacher import TeacherScorer
 from prime_async.rollouts.types import RolloutSource
 from prime_async.transport.types import TrainBatch
 from prime_async.utils.stall import StallWatch
-from prime_async.weights.broadcasts import BroadcastDir
 from prime_async.weights.loaders.base import WeightLoader
 from prime_async.weights.request_gate import RequestGate
 from prime_async.weights.watcher import UpdateSignal
@@ -78,7 +77,7 @@ class LifetimeIO:
     signal: UpdateSignal
     gate: RequestGate
     control: ControlServer
-    loader: WeightLoader | None
+    loader: WeightLoader
     sources: dict[str, RolloutSource]
     monitor: Monitor
     sender: BatchSender
@@ -162,9 +161,8 @@ async def _start(cfg: OrchestratorConfig, io: LifetimeIO, stack: contextlib.Asyn
     versions = await asyncio.gather(*(e.weight_version() for e in io.engines))
     served = min(versions)
     inputs = ComponentInputs(
-        source=io.sources, engines=io.engines, broadcasts=BroadcastDir(cfg.output_dir / "broadcasts"),
-        served_version=served, loader=io.loader, request_gate=io.gate, stalls=io.stalls, signal=io.signal,
-        teacher=teacher, episode_log=episode_log,
+        source=io.sources, engines=io.engines, loader=io.loader, served_version=served, request_gate=io.gate,
+        stalls=io.stalls, signal=io.signal, teacher=teacher, episode_log=episode_log,
     )  # fmt: skip
     comps = build_components(cfg, inputs)
     io.stalls.describe = functools.partial(stall_state, comps, io.sources, io.control)
