@@ -208,9 +208,11 @@ def _resolve_flag(cls: type[BaseModel], flag: str) -> tuple[KeyPath, Any, bool, 
         return (*resolve(cls, flag[2:].split(".")), False)
     except ConfigError as exc:
         error = ConfigError(f"{flag}: {exc}")
+    if flag[2:5] not in ("no-", "no_"):
+        raise error
     try:
-        path, annotation, _ = resolve(cls, flag[5:].split(".")) if flag[2:5] in ("no-", "no_") else error.args
-    except (ConfigError, ValueError):
+        path, annotation, _ = resolve(cls, flag[5:].split("."))
+    except ConfigError:
         raise error from None
     if not _is_bool(annotation) and annotation is not FREE:
         raise ConfigError(f"{flag}: '{'.'.join(path)}' is not a boolean")
@@ -226,7 +228,8 @@ def _flag_data(cls: type[BaseModel], item: Flag) -> dict[str, Any]:
         except Exception as exc:  # the library's SettingsError or argparse error: one line, named by flag
             raise ConfigError(f"{item.flag}: {str(exc).splitlines()[0]}") from None
     value = item.raw
-    if isinstance(value, str) and value.lower() in ("null", "none") and item.annotation is FREE:
+    nullable = item.annotation is FREE or type(None) in _members(item.annotation)
+    if isinstance(value, str) and value.lower() in ("null", "none") and nullable:
         value = None
     elif isinstance(value, str) and _wants_json(item.annotation):
         with contextlib.suppress(json.JSONDecodeError):  # a plain word stays a string
