@@ -8,7 +8,7 @@
 - getattr/hasattr on project types, a heuristic: a `getattr`/`hasattr` call is counted when its attribute
   name is a string literal naming an attribute defined on a project class (a method, a class-level field,
   or a `self.x = ...` in a method; dunders excluded), or when its object is `self`/`cls` or a parameter
-  annotated with a project class;
+  annotated with a project class (a computed name is marked: often a loop over a model's declared fields);
 - module cycles per package: strongly connected components of the module import graph inside each
   package; every import counts, at module level, under `if TYPE_CHECKING:` and inside functions (a lazy
   import cannot hide a cycle, as in `tests/trainer/test_imports.py`); the count with module-level imports
@@ -235,7 +235,8 @@ def project_side_doors(src: Path = SRC) -> list[Finding]:
             literal = name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else None
             typed = isinstance(obj, ast.Name) and obj.id in _project_typed_params(func, class_names)
             if typed or (literal is not None and literal in attributes):
-                found.append(Finding(_where(path, call), ast.unparse(call)))
+                kind = "" if literal is not None else "  [computed name]"
+                found.append(Finding(_where(path, call), ast.unparse(call) + kind))
     return found
 
 
