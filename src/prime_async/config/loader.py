@@ -263,8 +263,8 @@ def _wants_json(annotation: Any) -> bool:
     """Containers, sections and free-form values take JSON on the command line."""
     kinds = (list, dict, tuple, set, frozenset)
     alts = _members(annotation)
-    return any(m in (FREE, Any, *kinds) or typing.get_origin(m) in kinds for m in alts) or bool(
-        _sections(alts)
+    return bool(_sections(annotation)) or any(
+        m in (FREE, Any, *kinds) or typing.get_origin(m) in kinds for m in alts
     )
 
 
@@ -298,9 +298,9 @@ def resolve(cls: type[BaseModel], segments: list[str]) -> tuple[KeyPath, Any, bo
     path: list[str] = []
     annotation, direct = cls, True
     for segment in segments:
-        step = _child(annotation, segment) if segment else None
         if not segment:
             raise ConfigError(f"empty key segment in '{'.'.join(segments)}'")
+        step = _child(annotation, segment)
         if step is None and path and not _sections(annotation):
             kind = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
             raise ConfigError(f"'{'.'.join(path)}' is not a section (type {kind}), it has no key '{segment}'")
