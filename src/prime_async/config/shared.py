@@ -96,6 +96,17 @@ class TransportConfig(BaseConfig):
         "by hand with --resume can fetch them again (set >= trainer ckpt.interval then). Under `rl` a "
         "restart rolls trainer and orchestrator back together and needs none.",
     )
+    curve: Literal["auto", "on"] = Field(
+        "auto",
+        description="ZeroMQ CURVE (encryption + client key check) on the batch stream and the control "
+        "channel: auto = on when `host` is not loopback, on = always (transport/curve.py).",
+    )
+    curve_keys_dir: Path | None = Field(
+        None,
+        description="Directory of the CURVE keys (server.key[_secret], client.key[_secret]); required when "
+        "CURVE is on. `rl` generates output_dir/transport_keys (0700, files 0600) when unset; the "
+        "orchestrator reads server.key_secret + client.key, a trainer rank client.key_secret + server.key.",
+    )
 
 
 class WeightsConfig(BaseConfig):

@@ -77,6 +77,18 @@ def check_run_envs(cfg: RLConfig) -> None:
     validate_envs(cfg.orchestrator)
 
 
+def check_transport_keys(side: str) -> Callable[[Any], None]:
+    """The check of a component on the batch stream and the control channel: with CURVE on (a non-loopback
+    `transport.host`), its key files exist (`transport/curve.py`); otherwise one line, exit 2."""
+
+    def check(cfg: Any) -> None:
+        from prime_async.transport.curve import check_keys
+
+        check_keys(cfg.transport, side=side)
+
+    return check
+
+
 def prepare_sft(cfg: SFTConfig, argv: list[str]) -> None:
     """`sft` outside torchrun: build the offline model `model.build` names when it is missing; with
     `num_processes` > 1, re-run this command under torchrun, one rank per process (as `rl` starts the
@@ -96,8 +108,19 @@ COMMANDS: dict[str, Command] = {
     c.name: c
     for c in (
         Command("inference", "config.inference:InferenceConfig", "inference.server:run"),
-        Command("orchestrator", "config.orchestrator:OrchestratorConfig", "orchestrator.main:run"),
-        Command("trainer", "config.trainer:TrainerConfig", "trainer.train:run", rank_process=True),
+        Command(
+            "orchestrator",
+            "config.orchestrator:OrchestratorConfig",
+            "orchestrator.main:run",
+            check=check_transport_keys("server"),
+        ),
+        Command(
+            "trainer",
+            "config.trainer:TrainerConfig",
+            "trainer.train:run",
+            rank_process=True,
+            check=check_transport_keys("client"),
+        ),
         Command("rl", "config.rl:RLConfig", "launcher:run", check=check_run_envs),
         Command("eval", "config.eval:EvalConfig", "launcher.eval_command:run"),
         Command("export-lora", "config.export:ExportLoraConfig", "trainer.export:run"),

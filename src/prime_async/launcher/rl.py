@@ -53,6 +53,7 @@ from prime_async.launcher.restart import (
     roll_back,
     write_restart_config,
 )
+from prime_async.transport.curve import KEYS_DIRNAME, curve_on, generate_keys
 from prime_async.utils.process_tree import become_subreaper, children, descendants, kill_tree
 
 logger = logging.getLogger(__name__)
@@ -214,6 +215,7 @@ def run(cfg: RLConfig) -> None:
     cfg = resolve_run(cfg)
     cfg, placement = place_run(cfg)  # may choose the weight transport: before the ports are checked
     check_ports_free(cfg)  # before any process exists: a second run is refused, not cross-wired
+    cfg = with_transport_keys(cfg)
     logger.info(
         "run %s: inference on %s, batches on tcp://%s:%d, output in %s",
         cfg.run_id, ", ".join(cfg.orchestrator.inference.base_urls), cfg.transport.host, cfg.transport.port,
@@ -231,6 +233,18 @@ def run(cfg: RLConfig) -> None:
     components = build_processes(cfg, paths, output_dir / "logs", placement)
     status = _supervise(cfg, components, output_dir)
     raise SystemExit(status)
+
+
+def with_transport_keys(cfg: RLConfig) -> RLConfig:
+    """`cfg` whose components find CURVE keys when CURVE is on (`transport/curve.py`): without a given
+    `transport.curve_keys_dir`, a key pair per side is generated into output_dir/transport_keys (0700,
+    files 0600; kept across restarts) and every component is pointed at it."""
+    if not curve_on(cfg.transport) or cfg.transport.curve_keys_dir is not None:
+        return cfg
+    keys = generate_keys(Path(cfg.output_dir) / KEYS_DIRNAME)
+    logger.info("transport: CURVE on the batch stream and the control channel, keys in %s", keys)
+    transport = {**cfg.given_values().get("transport", {}), "curve_keys_dir": str(keys)}
+    return cfg.with_values(transport=transport)
 
 
 def _supervise(cfg: RLConfig, components: dict[str, ChildProcess], output_dir: Path) -> int:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from prime_async.config.shared import TransportConfig
+from prime_async.transport.curve import ServerGuard, secure_client, secure_server
 from prime_async.transport.types import MicroBatch, TrainBatch
 from prime_async.transport.wire import (
     ErrorReply,
@@ -107,6 +108,12 @@ class BatchSender:
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable peer -> error, not a silent drop
         self._router.setsockopt(zmq.LINGER, 0)
+        self._guard: ServerGuard | None = None
+        try:
+            self._guard = secure_server(self._router, cfg, label="batch stream")  # CURVE off loopback
+        except ValueError:
+            self._close_sockets()
+            raise
         self._bind_router(cfg)
         self._wake_push = self._ctx.socket(zmq.PUSH)
         self._wake_push.connect(self._wake_addr)
@@ -131,6 +138,8 @@ class BatchSender:
     def _close_sockets(self) -> None:
         self._router.close(linger=0)
         self._wake_pull.close(linger=0)
+        if self._guard is not None:
+            self._guard.close()
 
     # -- main-thread API -------------------------------------------------------------------------------
     def wait_ready(self, timeout: float | None = None) -> None:
@@ -249,8 +258,7 @@ class BatchSender:
             logger.exception("batch sender thread failed")
             self._error = exc
         finally:
-            self._router.close(linger=0)
-            self._wake_pull.close(linger=0)
+            self._close_sockets()
 
     def _on_message(self, parts: list[bytes]) -> None:
         identity, frames = parts[0], parts[1:]
@@ -326,6 +334,7 @@ class BatchReceiver:
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"rank{self.rank}-{uuid.uuid4().hex[:12]}".encode())
         sock.setsockopt(zmq.LINGER, 0)
+        secure_client(sock, self.cfg)  # CURVE off loopback (curve.py)
         sock.connect(f"tcp://{self.cfg.host}:{self.cfg.port}")
         return sock
 

@@ -18,8 +18,10 @@ ZeroMQ ROUTER (orchestrator, binds `transport.host:weights.control_port`, defaul
       Reply(request_id, ok)                          ──►   answered): it may be dropped again
 
 Invariants: every request gets exactly one "done" reply (SendWeights also one "ack" first); a malformed
-frame raises `WireError` on the side that reads it; events are hints: a lost `Published` only delays an
-update until the watcher's fallback poll (the broadcast directory, or the next event).
+frame raises `WireError` on the trainer's side, and is logged and dropped on the orchestrator's (a foreign
+peer never ends the run; off loopback only CURVE peers with the run's client key get through, curve.py);
+events are hints: a lost `Published` only delays an update until the watcher's fallback poll (the
+broadcast directory, or the next event).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from prime_async.config.shared import TransportConfig
+from prime_async.transport.curve import check_keys, secure_client, secure_server
 from prime_async.transport.wire import WireError
 from prime_async.types import WeightTransport
 from prime_async.weights.shared_wire import SharedVersion
@@ -126,6 +130,24 @@ def _send_or_drop(sock: zmq.Socket, frame: bytes) -> None:
         logger.debug("control channel: queue full, event dropped")
 
 
+def _decode_or_drop(parts: list[bytes]) -> Message | None:
+    """The message of one ROUTER delivery ([identity, frame]), or None (logged at ERROR, dropped) when it is
+    malformed, speaks another protocol or is not for the orchestrator: a bad frame never ends the run."""
+    peer = parts[0].decode(errors="replace") if parts else "?"
+    try:
+        if len(parts) != 2:
+            raise WireError(f"control channel: expected 1 frame, got {len(parts) - 1}")
+        msg = decode(parts[1])
+        if isinstance(msg, Hello) and msg.protocol != CONTROL_PROTOCOL:
+            raise WireError(f"control channel: trainer protocol {msg.protocol}, not {CONTROL_PROTOCOL}")
+        if not isinstance(msg, Hello | Published | Reply):
+            raise WireError(f"control channel: {type(msg).__name__} is not a trainer's message")
+    except WireError as e:
+        logger.error("%s (from peer %r): frame dropped", e, peer)
+        return None
+    return msg
+
+
 class ControlServer:
     """Orchestrator side, on the asyncio loop: events to `on_published`, requests to the trainer."""
 
@@ -136,7 +158,9 @@ class ControlServer:
         *,
         on_published: Callable[[Published], None],
         on_error: Callable[[BaseException], None] = lambda e: None,
+        transport: TransportConfig | None = None,
     ):
+        """`transport`: CURVE when it says so (transport/curve.py; None: plain TCP, tests)."""
         self.on_error = on_error
         self.address = f"tcp://{'[' + host + ']' if ':' in host else host}:{port}"
         self.on_published = on_published
@@ -145,6 +169,7 @@ class ControlServer:
         self._sock.setsockopt(zmq.LINGER, 0)
         if ":" in host:
             self._sock.setsockopt(zmq.IPV6, 1)
+        self._guard = secure_server(self._sock, transport, label="control channel") if transport else None
         self._sock.bind(self.address)
         self._trainer: bytes | None = None
         self.last_heard: float | None = None  # time.monotonic() of the trainer's last message (Hello: 2 s)
@@ -163,6 +188,8 @@ class ControlServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._sock.close(linger=0)
+        if self._guard is not None:
+            self._guard.close()
 
     async def _recv_loop(self) -> None:
         try:
@@ -175,8 +202,11 @@ class ControlServer:
 
     async def _serve(self) -> None:
         while True:
-            identity, frame = await self._sock.recv_multipart()
-            msg = decode(frame)
+            parts = await self._sock.recv_multipart()
+            msg = _decode_or_drop(parts)  # a malformed or foreign frame is logged and dropped
+            if msg is None:
+                continue
+            identity = parts[0]
             if self._trainer != identity:
                 logger.info("control channel: trainer %s connected", identity.decode(errors="replace"))
             self._trainer = identity
@@ -187,10 +217,6 @@ class ControlServer:
             elif isinstance(msg, Reply) and msg.request_id in self._replies:
                 self._replies[msg.request_id].put_nowait(msg)
             elif isinstance(msg, Hello):
-                if msg.protocol != CONTROL_PROTOCOL:
-                    raise WireError(
-                        f"control channel: trainer protocol {msg.protocol}, not {CONTROL_PROTOCOL}"
-                    )
                 self.trainer_device = msg.device
 
     async def wait_trainer(self, timeout_s: float) -> None:
@@ -243,7 +269,19 @@ class ControlClient:
 
     Requests are handed to `handler(msg, reply)` on that thread, one at a time (`reply` sends a Reply)."""
 
-    def __init__(self, host: str, port: int, *, handler: Handler, device: str = "cpu"):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        handler: Handler,
+        device: str = "cpu",
+        transport: TransportConfig | None = None,
+    ):
+        """`transport`: CURVE when it says so (transport/curve.py; None: plain TCP, tests)."""
+        if transport is not None:
+            check_keys(transport, side="client")  # refused here, not later in the thread
+        self.transport = transport
         self.device = device
         self.address = f"tcp://{'[' + host + ']' if ':' in host else host}:{port}"
         self.trainer_id = f"trainer-{uuid.uuid4().hex[:8]}"
@@ -281,6 +319,8 @@ class ControlClient:
         dealer.setsockopt(zmq.LINGER, 500)  # a last Published still leaves at shutdown
         if ":" in self.address.split("//")[1].split("]")[0]:
             dealer.setsockopt(zmq.IPV6, 1)
+        if self.transport is not None:
+            secure_client(dealer, self.transport)
         dealer.connect(self.address)
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)

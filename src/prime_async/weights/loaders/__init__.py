@@ -81,7 +81,9 @@ def build_control(cfg: OrchestratorConfig, signal: Wakeup) -> tuple[ControlServe
         signal.announce()
 
     port = cfg.weights.resolved_control_port(cfg.transport)
-    control = ControlServer(cfg.transport.host, port, on_published=on_published, on_error=signal.fail)
+    control = ControlServer(
+        cfg.transport.host, port, on_published=on_published, on_error=signal.fail, transport=cfg.transport
+    )
     loader = build_loader(cfg, control)
     control.start()
     return control, loader

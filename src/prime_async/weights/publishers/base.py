@@ -86,7 +86,9 @@ class ControlledPublisher:
         self.cfg, self.writer, self.device, self.tied = cfg, writer, device, tied
         self.last_write_s: float | None = None
         port = cfg.weights.resolved_control_port(cfg.transport)
-        self.control = ControlClient(cfg.transport.host, port, handler=self._handle, device=device.type)
+        self.control = ControlClient(
+            cfg.transport.host, port, handler=self._handle, device=device.type, transport=cfg.transport
+        )
 
     def announce(self, version: int, **fields: Any) -> None:
         self.control.publish(Published(version, self.transport, **fields))
