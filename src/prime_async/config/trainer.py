@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from prime_async.config.base import BaseConfig
+from prime_async.config.health import HealthConfig
 from prime_async.config.megatron import MegatronConfig, validate_megatron_setup
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
@@ -263,6 +264,7 @@ class TrainerConfig(BaseConfig):
         default_factory=MaskLossConfig, description="Loss variant (discriminated on type)."
     )
     ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpointing.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Training-health alarms.")
     weights: TrainerWeightsConfig = Field(
         default_factory=TrainerWeightsConfig,
         description="Weight updates (the [weights] section) and publishing.",

@@ -195,6 +195,7 @@ def build_train_batch(
     sample_tokens = sum(s.num_tokens for u in units for s in u.samples)
     packed_tokens = sum(u.num_tokens for u in units)
     metrics = {"batch/sample_tokens": float(sample_tokens), "batch/packed_tokens": float(packed_tokens)}
+    metrics.update(advantage_metrics(micro_batches))
     if teacher is not None:
         metrics.update(reverse_kl_metrics(micro_batches))
     return TrainBatch(
@@ -207,6 +208,19 @@ def build_train_batch(
         min_dispatch_version=min(g.dispatch_version for g in groups),
         max_dispatch_version=max(g.dispatch_version for g in groups),
     )
+
+
+def advantage_metrics(micro_batches: list[list[MicroBatch]]) -> dict[str, float]:
+    """`batch/advantage/{mean,abs_mean}`: the advantage's mean and mean magnitude over the batch's loss
+    tokens (what the loss weighs; group-relative advantages have mean 0 per group, not per token)."""
+    values = [mb.advantages[mb.loss_mask.astype(bool)] for rank in micro_batches for mb in rank]
+    flat = np.concatenate(values) if values else np.zeros(0, dtype=np.float32)
+    if flat.size == 0:
+        return {}
+    return {
+        "batch/advantage/mean": float(flat.mean()),
+        "batch/advantage/abs_mean": float(np.abs(flat).mean()),
+    }
 
 
 def reverse_kl_metrics(micro_batches: list[list[MicroBatch]]) -> dict[str, float]:

@@ -52,6 +52,7 @@ def batch_metrics(groups: list[Group], step: int, env_names: Sequence[str] = ())
         "reward/std": math.sqrt(sum((r - mean_reward) ** 2 for r in rewards) / n),
         "rollout/trained_groups": float(len(groups)),
         "rollout/trained_completion_tokens": float(completion_tokens),
+        "rollout/trained_completion_tokens/mean": completion_tokens / n,
         "rollout/truncated_fraction": truncated / n,
     }
     if set(by_seat) != {"agent"}:

@@ -34,6 +34,7 @@ from typing import Any
 
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.eval.in_run import InRunEval
+from prime_async.health.watch import health_inputs
 from prime_async.orchestrator.batching import build_train_batch
 from prime_async.orchestrator.carry import snapshot
 from prime_async.orchestrator.ckpt import save_checkpoint
@@ -160,6 +161,7 @@ async def _produce(
             teacher=cfg.teacher,
         )
         batch.metrics["batch/lifetime_start"] = float(comps.start_step)  # whose batch the trainer trains
+        batch.metrics.update(health_inputs(batch_metrics(groups, step, list(comps.envs.envs))))  # health/
         comps.length_bias.trained(groups)
         comps.undelivered[step] = groups  # until the trainer fetched it: a planned stop carries them
         if on_step is not None:

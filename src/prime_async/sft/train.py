@@ -36,6 +36,7 @@ RL_ONLY_METRICS = ("mismatch_kl", "ratio/", "masked_fraction", "offpolicy/")
 
 class SFTTrainer(Trainer):
     metrics_name = "sft"
+    health_alarms = False  # SFT lowers entropy by design and has no reward: no `health/*`
 
     def __init__(self, *, cfg: SFTConfig):
         if cfg.threads is None and int(os.environ.get("WORLD_SIZE", "1")) == 1:

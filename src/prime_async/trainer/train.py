@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from prime_async.config.placement import ranks_vs_devices
 from prime_async.config.trainer import TrainerConfig
+from prime_async.health.watch import HealthWatch
 from prime_async.trainer.backend import TrainBackend
 from prime_async.trainer.ckpt import checkpoint_steps, latest_checkpoint
 from prime_async.trainer.opd import apply_teacher_advantage
@@ -134,6 +135,8 @@ class Trainer:
         self.step = self._maybe_resume()
         self.publisher = self._build_publisher() if self.rank == 0 else None
         self.monitor = build_monitor(cfg, name=self.metrics_name) if self.rank == 0 else None
+        watch = self.rank == 0 and self.health_alarms and cfg.health.enabled
+        self.health = HealthWatch(cfg.health) if watch else None
         self.receiver = self.batch_source()
         self.stalls = StallWatch(
             component="trainer" if self.rank == 0 else f"trainer-rank{self.rank}",
@@ -142,6 +145,7 @@ class Trainer:
         ).start()  # fmt: skip
 
     metrics_name = "trainer"  # metrics/<name>.jsonl
+    health_alarms = True  # `health/*` (rank 0, `cfg.health`); sft lowers entropy by design, has no reward
 
     def batch_source(self) -> BatchReceiver:
         """Where batch n comes from: the orchestrator's stream (`sft` overrides it with its data)."""
@@ -218,6 +222,8 @@ class Trainer:
         metrics.update(timing_metrics(batch, t_start=t0, t_batch=t1, t_trained=t2, t_published=t3))
         if self.publisher is not None and self.publisher.last_write_s is not None:
             metrics["time/write_weights"] = self.publisher.last_write_s  # the last finished write
+        if self.health is not None:  # the batch carries the orchestrator's signals (`health_inputs`)
+            metrics.update(self.health.observe(n, {**batch.metrics, **metrics}))
         return metrics
 
     def maybe_checkpoint(self) -> None:
@@ -238,6 +244,8 @@ class Trainer:
                 n = self.step
                 self.log_step(n, self.run_step())
                 self.maybe_checkpoint()
+                if self.health is not None:
+                    self.health.raise_if_stopping(n)
             if self.publisher is not None:  # the last version is written and announced before exit
                 with self.stalls.waiting(f"weights v{self.step} to be written", peer="the weight writer"):
                     self.publisher.flush()
