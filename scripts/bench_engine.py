@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from prime_async.inference.engine import Engine, RequestOutput
-from prime_async.inference.engine_settings import EngineSettings
+from prime_async.inference.engine_settings import EngineSettings, SlotSettings
 from prime_async.inference.sampler import SamplingParams
 from prime_async.inference.static_decode import resolve_decode_step
 from prime_async.utils.devices import model_device, on_model
@@ -209,10 +209,13 @@ def build_engines(model_dir: Path, args) -> dict[str, Engine]:
         for step in args.decode_steps:
             resolved = resolve_decode_step(step, device)
             name = kernels if len(args.decode_steps) == 1 else f"{kernels}-{resolved}"
+            slots = SlotSettings(
+                max_running_requests=max(args.batches), max_len=args.prompt_len + args.new_tokens + 8,
+                decode_step=step,
+            )  # fmt: skip
             engines[name] = Engine(EngineSettings(
-                model_path=str(model_dir), device=args.device, max_running_requests=max(args.batches),
-                max_len=args.prompt_len + args.new_tokens + 8, num_threads=args.threads, kernels=kernels,
-                dtype=args.dtype, decode_step=step,
+                model_path=str(model_dir), device=args.device, num_threads=args.threads, kernels=kernels,
+                dtype=args.dtype, slots=slots,
             ))  # fmt: skip
             engines[name].start()
     return engines

@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 from prime_async.inference.engine import Engine, RequestOutput
-from prime_async.inference.engine_settings import EngineSettings
+from prime_async.inference.engine_settings import EngineSettings, SlotSettings
 from prime_async.inference.sampler import SamplingParams
 
 
@@ -17,9 +17,9 @@ def _params(seed: int, n: int = 12) -> SamplingParams:
 
 
 async def _runs(model_dir: Path) -> tuple[RequestOutput, list[RequestOutput], list[RequestOutput], int]:
+    slots = SlotSettings(max_running_requests=8, max_len=128, kv_cache_chunk=16)
     engine = Engine(EngineSettings(model_path=str(model_dir), dtype="float32", device="cpu",
-                                   max_running_requests=8, max_len=128, kv_cache_chunk=16,
-                                   deterministic=True))  # fmt: skip
+                                   deterministic=True, slots=slots))  # fmt: skip
     engine.start()
     try:
         prompt = [5, 9, 13, 17, 21]

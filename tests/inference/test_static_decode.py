@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from prime_async.config.inference import InferenceConfig
 from prime_async.inference.engine import Engine, RequestOutput
-from prime_async.inference.engine_settings import EngineSettings
+from prime_async.inference.engine_settings import EngineSettings, SlotSettings
 from prime_async.inference.model_runner import ModelRunner
 from prime_async.inference.sampler import SamplingParams
 from prime_async.inference.static_decode import (
@@ -302,9 +302,9 @@ def test_engine_static_decode_equals_eager_with_joins_leaves_and_an_update(reque
     state = None
     results, decoders, batches = {}, {}, {}
     for step in ("eager", "static"):
+        slots = SlotSettings(max_running_requests=8, max_len=96, kv_cache_chunk=96, decode_step=step)
         engine = Engine(EngineSettings(model_path=str(model_dir), dtype="float32", device="cpu",
-                                       max_running_requests=8, max_len=96, kv_cache_chunk=96, kernels="dense",
-                                       decode_step=step))  # fmt: skip
+                                       kernels="dense", slots=slots))  # fmt: skip
         if step == "static":
             capture = _recording(engine.runner)
         seen = batches.setdefault(step, set())

@@ -160,10 +160,12 @@ def test_api_key_protects_admin_routes(tiny_model_dir):
     from fastapi.testclient import TestClient
 
     from prime_async.inference.engine import Engine
-    from prime_async.inference.engine_settings import EngineSettings
+    from prime_async.inference.engine_settings import EngineSettings, SlotSettings
     from prime_async.inference.server import build_app
 
-    engine = Engine(EngineSettings(model_path=str(tiny_model_dir), max_running_requests=4, max_len=64))
+    engine = Engine(
+        EngineSettings(model_path=str(tiny_model_dir), slots=SlotSettings(max_running_requests=4, max_len=64))
+    )
     with TestClient(build_app(engine, api_key="sek")) as client:
         assert client.get("/health").status_code == 200
         assert client.post("/pause_generation", json={"mode": "abort"}).status_code == 401

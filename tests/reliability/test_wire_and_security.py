@@ -221,11 +221,13 @@ def test_every_admin_route_refuses_a_missing_or_wrong_api_key(tiny_model_dir: Pa
     from fastapi.testclient import TestClient
 
     from prime_async.inference.engine import Engine
-    from prime_async.inference.engine_settings import EngineSettings
+    from prime_async.inference.engine_settings import EngineSettings, SlotSettings
     from prime_async.inference.server import build_app
 
     torch.set_num_threads(1)
-    engine = Engine(EngineSettings(model_path=str(tiny_model_dir), max_running_requests=2, max_len=64))
+    engine = Engine(
+        EngineSettings(model_path=str(tiny_model_dir), slots=SlotSettings(max_running_requests=2, max_len=64))
+    )
     routes = [
         ("post", "/pause_generation", {"mode": "abort"}),
         ("post", "/continue_generation", {}),

@@ -43,12 +43,16 @@ def test_accuracy_check_feeds_the_model_device(bench, tiny_model_dir: Path) -> N
 
 def test_accuracy_check_and_decode_step_on_a_real_engine(bench, tiny_model_dir: Path) -> None:
     from prime_async.inference.engine import Engine
-    from prime_async.inference.engine_settings import EngineSettings
+    from prime_async.inference.engine_settings import EngineSettings, SlotSettings
 
     torch.set_num_threads(1)
     engine = Engine(
         EngineSettings(
-            model_path=str(tiny_model_dir), dtype="float32", device="cpu", max_len=64, kernels="dense"
+            model_path=str(tiny_model_dir),
+            dtype="float32",
+            device="cpu",
+            kernels="dense",
+            slots=SlotSettings(max_len=64),
         )
     )
     engine.start()

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from prime_async.inference.engine import Engine, RequestOutput
-from prime_async.inference.engine_settings import EngineSettings
+from prime_async.inference.engine_settings import EngineSettings, SlotSettings
 from prime_async.inference.sampler import SamplingParams
 from prime_async.rollouts.episode import branch_routes
 from prime_async.rollouts.gateway import GatewayCall
@@ -30,7 +30,10 @@ from prime_async.transport.types import MicroBatch
 async def _sample(model_dir: Path, dtype: str, prompts: list[list[int]]) -> list[RequestOutput]:
     engine = Engine(
         EngineSettings(
-            model_path=str(model_dir), dtype=dtype, device="cpu", max_running_requests=8, max_len=256
+            model_path=str(model_dir),
+            dtype=dtype,
+            device="cpu",
+            slots=SlotSettings(max_running_requests=8, max_len=256),
         )
     )
     engine.start()

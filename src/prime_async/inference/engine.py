@@ -103,13 +103,13 @@ class Engine:
             torch.set_num_threads(s.num_threads)
         self.runner = ModelRunner(
             model_path=s.model_path, dtype=s.dtype, device=device,
-            num_slots=s.max_running_requests, max_len=s.max_len, chunk=s.kv_cache_chunk, kernels=s.kernels,
-            decode_step=s.decode_step, decode_buckets=s.decode_buckets,
+            num_slots=s.slots.max_running_requests, max_len=s.slots.max_len, chunk=s.slots.kv_cache_chunk,
+            kernels=s.kernels, decode_step=s.slots.decode_step, decode_buckets=s.slots.decode_buckets,
         )  # fmt: skip
         self.settings = settings
         self.model_path = s.model_path
-        self.max_len = s.max_len
-        self.max_prefill_tokens = s.max_prefill_tokens
+        self.max_len = s.slots.max_len
+        self.max_prefill_tokens = s.slots.max_prefill_tokens
         self.vocab_size = self.runner.vocab_size
         eos = self.runner.model.config.eos_token_id
         gen_eos = getattr(getattr(self.runner.model, "generation_config", None), "eos_token_id", None)
@@ -119,8 +119,8 @@ class Engine:
         self.weight_version = str(s.weight_version)
         self.deterministic = s.deterministic
         self.adapters = AdapterRegistry(
-            self.runner, max_rank=s.max_lora_rank, target_modules=s.lora_target_modules,
-            max_loaded=s.max_loaded_loras,
+            self.runner, max_rank=s.lora.max_rank, target_modules=s.lora.target_modules,
+            max_loaded=s.lora.max_loaded,
         )  # fmt: skip
         self.paused = False
         self._generator = torch.Generator(device=self.runner.device).manual_seed(s.seed)
