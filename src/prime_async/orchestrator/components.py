@@ -67,7 +67,7 @@ class Components:
 @dataclass
 class ComponentInputs:
     """What a lifetime hands `build_components` besides the config: the started rollout sources and
-    engines, and the pieces built before the components (`main._run_lifetime`).
+    engines, and the pieces built before the components (`main._start`).
 
     `source` is the rollout source of each training env by name (a single source serves a one-env run);
     `loader` is where versions come from and how they reach the engines (`weights/loaders/`);
