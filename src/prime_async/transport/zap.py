@@ -14,7 +14,7 @@ Invariants:
 - a registered domain admits exactly its `allowed` client keys; an unknown domain admits only the NULL
   mechanism (plain loopback sockets that share the context are not affected);
 - every refused peer is logged at WARNING, one line naming the socket and the peer, at most once per
-  `LOG_EVERY_S` per (socket, peer) with the count since (a retrying peer does not flood the log).
+  `LOG_EVERY_S` per (socket, peer, reason) with the count since (a retrying peer does not flood the log).
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 LOG_EVERY_S = 30.0
 HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 _monitor_ids = itertools.count()
+HANDSHAKE_ERRORS = {
+    zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "no CURVE keys",
+    zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "not this run's server key",
+}
 
 
 @dataclass
@@ -48,19 +52,19 @@ class _Domain:
 class _RefusalLog:
     """Rate-limited WARNING lines about refused peers."""
 
-    seen: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    seen: dict[tuple[str, str, str], tuple[int, float]] = field(default_factory=dict)
 
     def refused(self, label: str, peer: str, why: str) -> None:
-        count, last = self.seen.get((label, peer), (0, -LOG_EVERY_S))
+        count, last = self.seen.get((label, peer, why), (0, -LOG_EVERY_S))
         now = time.monotonic()
         if now - last >= LOG_EVERY_S:
             since = f" ({count} more refusals since the last line)" if count else ""
             logger.warning(
                 "%s: refused a peer at %s (%s): nothing from it is read%s", label, peer, why, since
             )
-            self.seen[(label, peer)] = (0, now)
+            self.seen[(label, peer, why)] = (0, now)
         else:
-            self.seen[(label, peer)] = (count + 1, last)
+            self.seen[(label, peer, why)] = (count + 1, last)
 
 
 class _Handler:
@@ -137,7 +141,8 @@ class _Handler:
         event = recv_monitor_message(sock)
         if event["event"] & HANDSHAKE_EVENTS:
             endpoint = event["endpoint"].decode(errors="replace")
-            why = f"CURVE handshake failed, error {event['value']:#x}: no keys or not this run's server key"
+            reason = HANDSHAKE_ERRORS.get(event["value"], f"error {event['value']:#x}")
+            why = f"CURVE handshake failed: {reason}"
             self.log.refused(label, f"an address on {endpoint}", why)
 
 

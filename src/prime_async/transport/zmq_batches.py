@@ -16,7 +16,9 @@ Invariants:
 - step `n` is answered with batch `n` only; a receiver that gets anything else raises `WireError`;
 - after `stop_serving` (a planned stop) no step newer than the one it returned is answered: the stopped
   lifetime's checkpoint carries those batches, the resumed lifetime cuts and serves them;
-- array frames are sent with `copy=False` from the cached arrays; nothing is pickled.
+- array frames are sent with `copy=False` from the cached arrays; nothing is pickled;
+- off loopback (or `transport.curve = "on"`) both ends use CURVE (`curve.py`): a peer without the run's
+  client key gets nothing; a malformed request from an admitted peer gets an `ErrorReply`, never a batch.
 The sender's socket lives in one background thread (ZeroMQ sockets are not thread-safe); its failures are
 re-raised by the next `send`/`wait_ready`.
 """
