@@ -35,7 +35,6 @@ from prime_async.rollouts.types import Episode, NoGateway
 from prime_async.transport.types import TrainBatch
 from prime_async.types import EnginePauseMode
 from prime_async.weights.loaders.filesystem import FilesystemLoader
-from prime_async.weights.loaders.filesystem import FilesystemLoader
 
 
 class _VirtualSelector(selectors.DefaultSelector):
