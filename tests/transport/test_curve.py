@@ -246,3 +246,19 @@ def test_non_loopback_bind_without_keys_is_refused_in_one_line(command: str, hos
         f"{command}: error: transport.host = '{host}' is not loopback: set transport.curve_keys_dir (or bind "
     )
     assert done.stderr.strip().splitlines() == [want + "127.0.0.1)"]
+
+
+def test_rl_generates_the_keys_and_hands_them_to_every_component(tmp_path: Path) -> None:
+    from prime_async.config.rl import RLConfig
+    from prime_async.launcher.rl import with_transport_keys
+
+    plain = RLConfig.model_validate({"output_dir": str(tmp_path / "a")})
+    assert with_transport_keys(plain) is plain and not (tmp_path / "a" / "transport_keys").exists()
+    cfg = with_transport_keys(
+        RLConfig.model_validate({"output_dir": str(tmp_path), "transport": {"curve": "on"}})
+    )
+    keys = tmp_path / "transport_keys"
+    assert cfg.transport.curve_keys_dir == cfg.orchestrator.transport.curve_keys_dir == keys
+    assert cfg.trainer.transport.curve_keys_dir == keys and cfg.transport.curve == "on"
+    check_keys(cfg.orchestrator.transport, side="server")
+    check_keys(cfg.trainer.transport, side="client")
