@@ -2,6 +2,9 @@
 
     uv run python scripts/bench_transport.py [--mbytes 50] [--iters 10] [--micro-batches 64]
 
+The `zmq + CURVE` line is the same stream with `transport.curve = "on"` (what a non-loopback bind uses:
+every frame encrypted and authenticated).
+
 One step = `BatchSender.send` (encode header + cache, frames sent with copy=False over tcp loopback) until
 `BatchReceiver.receive` returns the decoded, validated micro-batches in another thread. The memcpy line
 copies the same arrays with `np.copyto` (the lower bound of any transport that moves the bytes once).
@@ -11,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
 from prime_async.testing.synthetic import make_batch, transport_cfg
+from prime_async.transport.curve import generate_keys
 from prime_async.transport.types import ARRAY_DTYPES
 from prime_async.transport.zmq_batches import BatchReceiver, BatchSender
 
@@ -33,8 +39,12 @@ def nbytes(batch) -> int:
     return sum(getattr(mb, n).nbytes for mb in batch.micro_batches[0] for n in ARRAY_DTYPES)
 
 
-def bench_zmq(batch, iters: int) -> list[float]:
-    cfg = transport_cfg(timeout_s=60)
+def bench_zmq(batch, iters: int, curve: bool = False) -> list[float]:
+    if curve:
+        keys = generate_keys(Path(tempfile.mkdtemp(prefix="bench-curve-")) / "keys")
+        cfg = transport_cfg(timeout_s=60, curve="on", curve_keys_dir=keys)
+    else:
+        cfg = transport_cfg(timeout_s=60)
     done = [threading.Event() for _ in range(iters + 1)]
     rx = BatchReceiver(cfg=cfg, rank=0, world_size=1)
 
@@ -86,6 +96,7 @@ def main() -> None:
     )
     for name, times in (
         ("zmq (send->received)", bench_zmq(batch, args.iters)),
+        ("zmq + CURVE", bench_zmq(batch, args.iters, curve=True)),
         ("memcpy (np.copyto)", bench_memcpy(batch, args.iters)),
     ):
         med = statistics.median(times)
