@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -58,3 +58,10 @@ class DemoConfig(BaseConfig):
                 "set max_buffered_groups >= batch_groups"
             )
         return self
+
+
+class ShorthandDemo(BaseConfig):
+    """A list of sections with a one-item shorthand (as `orchestrator.env` for `envs`)."""
+
+    shorthands: ClassVar[dict[str, str]] = {"item": "items"}
+    items: list[OptimConfig] = Field(default_factory=list, description="Optimizers.")

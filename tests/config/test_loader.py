@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from loader_schemas import DemoConfig
+from loader_schemas import DemoConfig, ShorthandDemo
 
 from prime_async.config.loader import ConfigError, dump_toml, load_config, parse_config
 
@@ -100,6 +100,19 @@ def test_union_section_by_cli_and_file(in_tmp):
     assert cfg.schedule.type == "cosine" and cfg.schedule.min_ratio == 0.2
     write("s.toml", 'type = "cosine"\nmin_ratio = 0.3\n')
     assert load_config(DemoConfig, ["--schedule", "@", "s.toml"]).schedule.min_ratio == 0.3
+
+
+def test_shorthand_item_by_flags_json_and_file(in_tmp):
+    """`--item.lr` / `--item '{...}'` / `[item]` are the one-item spelling of `items` (`orchestrator.env`)."""
+    assert load_config(ShorthandDemo, ["--item.lr", "0.5"]).items[0].lr == 0.5
+    assert load_config(ShorthandDemo, ["--item", '{"lr": 0.25, "betas": [0.1, 0.2]}']).items[0].betas == [
+        0.1,
+        0.2,
+    ]
+    write("s.toml", "[item]\nlr = 0.75\n")
+    assert [o.lr for o in load_config(ShorthandDemo, ["@", "s.toml"]).items] == [0.75]
+    with pytest.raises(ConfigError, match="give one item as `item` or a list as `items`"):
+        load_config(ShorthandDemo, ["@", "s.toml", "--items", '[{"lr": 1}]'])
 
 
 def test_section_file_merges_under_its_key(in_tmp):
