@@ -119,7 +119,8 @@ def test_each_alarm_fires_on_its_pattern_at_its_step_and_warns_once(alarm, caplo
     assert f"over steps {expected - 9}-{expected}" in warnings[0] or alarm == "entropy_collapse"
     assert "alarm when" in warnings[0]
     value = re.match(r"health alarm \w+: \S+ (\S+) \(alarm when", warnings[0])
-    assert value is not None and rows[expected][f"health/{alarm}/value"] == pytest.approx(float(value[1]), rel=1e-3)
+    assert value is not None
+    assert rows[expected][f"health/{alarm}/value"] == pytest.approx(float(value[1]), rel=1e-3)
 
 
 def test_a_healthy_stream_sets_off_nothing():
