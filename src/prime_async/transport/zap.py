@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -141,7 +142,10 @@ class _Handler:
         event = recv_monitor_message(sock)
         if event["event"] & HANDSHAKE_EVENTS:
             endpoint = event["endpoint"].decode(errors="replace")
-            reason = HANDSHAKE_ERRORS.get(event["value"], f"error {event['value']:#x}")
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # value: an errno
+                reason = f"the connection ended during it ({os.strerror(event['value'])})"
+            else:
+                reason = HANDSHAKE_ERRORS.get(event["value"], f"protocol error {event['value']:#x}")
             why = f"CURVE handshake failed: {reason}"
             self.log.refused(label, f"an address on {endpoint}", why)
 
