@@ -52,7 +52,7 @@ def simulate(k: int, regime: str, seed: int, steps: int) -> SimulationResult:
         cfg = OrchestratorConfig.model_validate({
             "output_dir": tmp, "max_steps": steps, "batch_groups": 4, "group_size": 2,
             "max_off_policy_steps": k, "inference": {"base_urls": ["sim://engine0", "sim://engine1"]},
-            "max_dropped_groups_per_step": 100000, "wandb": {"enabled": False},
+            "admission": {"max_dropped_groups_per_step": 100000}, "wandb": {"enabled": False},
         })  # fmt: skip
         params = SimParams(num_engines=2, num_examples=100000, seed=seed, **REGIMES[regime])
         return run_virtual(run_simulation(cfg, params))

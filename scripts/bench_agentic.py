@@ -7,9 +7,9 @@ Usage:
     uv run python scripts/bench_agentic.py --report-only         # the tables again, from the last runs
 
 Each K runs `rl` to completion on the same config with `--orchestrator.max-off-policy-steps K` only (the
-admission buffer follows K by default: `max_buffered_groups = (K + 1) * batch_groups`, groups in flight
-plus finished-untrained; admission's landing rule admits fewer when the orchestrator is
-ahead; pass `--orchestrator.max-buffered-groups N` to pin it). Printed:
+admission buffer follows K by default: `admission.max_buffered_groups = (K + 1) * batch_groups`,
+groups in flight plus finished-untrained; admission's landing rule admits fewer when the orchestrator is
+ahead; pass `--orchestrator.admission.max-buffered-groups N` to pin it). Printed:
 
   episodes     the length distribution of every finished episode of every run (`metrics/episodes.jsonl`):
                turns, tokens (prompt + completion), wall seconds, at p50 / p90 / p99 / max

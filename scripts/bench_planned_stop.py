@@ -33,7 +33,7 @@ from prime_async.utils.monitor import read_jsonl
 CASES = {
     "demo": ("configs/echo_text/rl.toml", 10, 4, []),
     "word-chain": ("configs/tiny/rl_word_chain.toml", 8, 3, [
-        "--orchestrator.max_off_policy_steps", "1", "--orchestrator.max_buffered_groups", "4",
+        "--orchestrator.max_off_policy_steps", "1", "--orchestrator.admission.max_buffered_groups", "4",
         "--weights.pause_mode", "retract",
     ]),
 }  # fmt: skip

@@ -13,8 +13,8 @@ in turn, `--repeats` steps each, alternating; medians are printed:
   the whole vocab then gather, single-tensor AdamW (torch's CPU default); every episode packed whole;
 - `after`: the trainer's code (`trainer/fsdp.py`, `trainer/packed_rows.py`, `trainer/optim.py`): LM head
   only on the positions that predict loss tokens, logsumexp-based gather, fused AdamW; every episode
-  packed whole (`share_prompt_prefix = false`);
-- `shared`: the same code on the batch packed with `share_prompt_prefix = true` (the default): each
+  packed whole (`packing.share_prompt_prefix = false`);
+- `shared`: the same code on the batch packed with `packing.share_prompt_prefix = true` (the default): each
   group's prompt runs once, its episodes are branches after it;
 - `shared+compile` (with `--compile`): the same with `compile = true` (each decoder layer compiled);
   its first step (compilation) is reported separately.

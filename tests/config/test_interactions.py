@@ -44,7 +44,10 @@ def test_too_few_adapter_slots_are_refused_naming_both_keys() -> None:
 @pytest.mark.parametrize(
     ("argv", "keys"),
     [
-        (["--orchestrator.unused-handler", "retry"], ("deterministic", "orchestrator.unused_handler")),
+        (
+            ["--orchestrator.admission.unused-handler", "retry"],
+            ("deterministic", "orchestrator.admission.unused_handler"),
+        ),
         (["--orchestrator.sampling.top-p", "0.9"], ("orchestrator.sampling.top_p", "importance-ratio")),
     ],
 )

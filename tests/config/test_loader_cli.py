@@ -53,10 +53,11 @@ def test_missing_file_and_unknown_flag_exit_2_without_traceback(tmp_path):
 
 
 def test_cross_field_error_from_the_real_schema(tmp_path):
-    (tmp_path / "o.toml").write_text("batch_groups = 8\nmax_buffered_groups = 4\n")
+    (tmp_path / "o.toml").write_text("batch_groups = 8\nadmission.max_buffered_groups = 4\n")
     result = run("orchestrator", "@", "o.toml", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.startswith("orchestrator: error: o.toml: max_buffered_groups (4) < batch_groups (8)")
+    expected = "orchestrator: error: o.toml: admission.max_buffered_groups (4) < batch_groups (8)"
+    assert result.stderr.startswith(expected)
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 

@@ -80,7 +80,7 @@ def test_eval_inference_gets_the_shared_fields_and_gives_its_urls_to_the_orchest
     assert cfg.eval_inference is not None
     assert (cfg.eval_inference.seq_len, cfg.eval_inference.model.path) == (320, "m")
     assert cfg.orchestrator.eval.base_urls == ["http://127.0.0.1:31500"]
-    cfg.seq_len = 400  # re-validation propagates again
+    cfg = cfg.with_values(seq_len=400)  # propagates again
     assert cfg.eval_inference.seq_len == 400
 
 

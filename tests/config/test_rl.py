@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from prime_async.config.inference import InferenceConfig
 from prime_async.config.loader import ConfigError, dump_toml, load_config
 from prime_async.config.orchestrator import OrchestratorConfig
-from prime_async.config.rl import RLConfig
+from prime_async.config.rl import RLConfig, explicit_values
 from prime_async.config.shared import ModelConfig
 from prime_async.config.trainer import TrainerConfig
 
@@ -48,7 +48,7 @@ def test_defaults_are_consistent_across_components() -> None:
     assert cfg.trainer.transport == cfg.orchestrator.transport == cfg.transport
     assert cfg.orchestrator.inference.base_urls == ["http://127.0.0.1:30000"]
     assert cfg.trainer.max_off_policy_steps == cfg.orchestrator.max_off_policy_steps
-    assert cfg.orchestrator.num_train_ranks == cfg.trainer.num_processes == 1
+    assert cfg.orchestrator.packing.num_train_ranks == cfg.trainer.num_processes == 1
     assert cfg.orchestrator.inference.max_running_requests == cfg.inference.engine.max_running_requests
 
 
@@ -87,7 +87,7 @@ def test_cross_component_links() -> None:
     assert cfg.orchestrator.inference.base_urls == ["http://127.0.0.1:31000"]
     assert cfg.orchestrator.inference.max_running_requests == 12
     assert cfg.trainer.max_off_policy_steps == 3
-    assert cfg.orchestrator.num_train_ranks == 2
+    assert cfg.orchestrator.packing.num_train_ranks == 2
 
 
 def test_sglang_engines_and_exposed_host_with_api_key() -> None:
@@ -110,7 +110,7 @@ def test_section_files_merge_into_their_section(tmp_path: Path) -> None:
     trainer = write(tmp_path, "t.toml", "num_processes = 2\n[optim]\nlr = 2e-6\n")
     cfg = load_config(RLConfig, ["--trainer", "@", trainer, "--trainer.optim.warmup-steps", "3"])
     assert cfg.trainer.optim.lr == 2e-6 and cfg.trainer.optim.warmup_steps == 3
-    assert cfg.orchestrator.num_train_ranks == 2
+    assert cfg.orchestrator.packing.num_train_ranks == 2
 
 
 def test_explicit_equal_values_are_allowed(tmp_path: Path) -> None:
@@ -139,10 +139,10 @@ def test_explicit_equal_values_are_allowed(tmp_path: Path) -> None:
             "orchestrator.max_off_policy_steps",
         ),
         (
-            ["--orchestrator.num-train-ranks", "4"],
-            "--orchestrator.num-train-ranks: orchestrator.num_train_ranks = 4 conflicts with "
-            "trainer.num_processes = 1: rl copies trainer.num_processes into orchestrator.num_train_ranks, "
-            "so set only trainer.num_processes",
+            ["--orchestrator.packing.num-train-ranks", "4"],
+            "--orchestrator.packing.num-train-ranks: orchestrator.packing.num_train_ranks = 4 conflicts with "
+            "trainer.num_processes = 1: rl copies trainer.num_processes into "
+            "orchestrator.packing.num_train_ranks, so set only trainer.num_processes",
         ),
         (
             ["--orchestrator.inference.base-urls", '["http://10.0.0.1:8000"]'],
@@ -200,7 +200,7 @@ def test_sub_validators_see_propagated_values() -> None:
 def test_python_construction_propagates_and_checks() -> None:
     cfg = RLConfig(seq_len=512, trainer=TrainerConfig(num_processes=2))
     assert cfg.trainer.seq_len == cfg.orchestrator.seq_len == 512
-    assert cfg.orchestrator.num_train_ranks == 2
+    assert cfg.orchestrator.packing.num_train_ranks == 2
     with pytest.raises(ValidationError, match=r"trainer\.seq_len = 256 conflicts with seq_len = 512"):
         RLConfig(seq_len=512, trainer=TrainerConfig(seq_len=256))
 
@@ -226,25 +226,26 @@ def test_launcher_sub_config_files_reload_into_each_command(tmp_path: Path) -> N
         assert load_config(cls, ["@", str(paths[name])]) == getattr(cfg, name), name
 
 
-def test_assignment_revalidates_and_propagates_again() -> None:
+def test_a_changed_config_propagates_again() -> None:
     cfg = RLConfig(trainer=TrainerConfig(num_processes=2))
-    cfg.seq_len = 640
-    cfg.max_steps = 3
+    cfg = cfg.with_values(seq_len=640, max_steps=3)
     assert cfg.trainer.seq_len == cfg.orchestrator.seq_len == cfg.inference.seq_len == 640
     assert cfg.trainer.max_steps == cfg.orchestrator.max_steps == 3
-    assert cfg.orchestrator.num_train_ranks == 2  # the explicit trainer value survived the re-validation
+    assert cfg.orchestrator.packing.num_train_ranks == 2  # the given trainer value survived
     with pytest.raises(ValidationError):
-        cfg.seq_len = 4
-    assert cfg.seq_len == cfg.trainer.seq_len == 640  # a failed assignment changes nothing
+        cfg.with_values(seq_len=4)
+    with pytest.raises(ValidationError, match="frozen"):
+        cfg.seq_len = 4  # an assignment would not propagate: a change is a new config
+    assert cfg.seq_len == cfg.trainer.seq_len == 640
 
 
 def test_explicitly_set_dump_reloads() -> None:
     cfg = load_config(
         RLConfig, ["--seq-len", "512", "--trainer.num-processes", "2", "--inference.server.port", "1234"]
     )
-    explicit = cfg.model_dump(exclude_unset=True)
-    assert "seq_len" not in explicit["trainer"]  # propagated values are not "set" in the sections
-    assert RLConfig.model_validate(explicit) == cfg
+    given = explicit_values(cfg)
+    assert "seq_len" not in given["trainer"]  # propagated values are never given
+    assert RLConfig.model_validate(given) == cfg
 
 
 def test_a_section_that_is_not_a_table(tmp_path: Path) -> None:
@@ -255,11 +256,10 @@ def test_a_section_that_is_not_a_table(tmp_path: Path) -> None:
 
 
 def test_sections_given_as_instances_keep_their_union_variant() -> None:
-    from prime_async.config.rl import explicit_values
     from prime_async.config.trainer import M2POLossConfig
 
     cfg = RLConfig(trainer=TrainerConfig(loss=M2POLossConfig()))  # `type` is a default, not "set"
-    cfg.max_steps = 4
+    cfg = cfg.with_values(max_steps=4)
     assert cfg.trainer.loss == M2POLossConfig() and cfg.trainer.max_steps == 4
     assert RLConfig.model_validate(explicit_values(cfg)) == cfg
 

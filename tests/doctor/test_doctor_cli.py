@@ -85,7 +85,7 @@ def test_k0_check_passes_two_optimizer_steps_per_batch(
     monkeypatch.chdir(ROOT)
     argv = [
         "@", str(ROOT / "configs/tiny/rl.toml"), "--model.path", str(tiny_model_dir),
-        "--orchestrator.batch-groups", "8", "--orchestrator.max-buffered-groups", "8",
+        "--orchestrator.batch-groups", "8", "--orchestrator.admission.max-buffered-groups", "8",
         "--trainer.optim.num-steps-per-batch", "2",
     ]  # fmt: skip
     result = run_k0(argv, tmp_path / "k0s2", steps=3, timeout_s=400)

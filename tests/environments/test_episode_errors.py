@@ -83,7 +83,7 @@ def test_every_early_episode_failing_stops_the_run_naming_the_cause(
 def test_dropped_groups_limit_names_the_most_frequent_episode_error(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    cfg = config(tmp_path, fail_fast_groups=0, max_dropped_groups_per_step=3)
+    cfg = config(tmp_path, admission={"fail_fast_groups": 0, "max_dropped_groups_per_step": 3})
     with pytest.raises(RuntimeError, match="max_dropped_groups_per_step = 3") as info:
         run(cfg, tiny_model_dir)
     assert "most frequent episode error" in str(info.value) and "reward exploded" in str(info.value)

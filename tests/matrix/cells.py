@@ -85,7 +85,8 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
     # max_buffered_groups is left at its default, (K + 1) * batch_groups, at every K
     orchestrator: dict[str, Any] = {
         "batch_groups": 2, "group_size": 2, "max_off_policy_steps": k,
-        "submission_granularity": cell["granularity"], "sampling": {"max_tokens": 8}, "envs": envs,
+        "admission": {"submission_granularity": cell["granularity"]}, "sampling": {"max_tokens": 8},
+        "envs": envs,
     }  # fmt: skip
     cfg: dict[str, Any] = {
         "max_steps": STEPS if cell["kill"] == "none" else KILL_STEPS,

@@ -69,7 +69,7 @@ def _orchestrator(out: Path, *, resume: bool):
     """Components of a real orchestrator (simulated engine and source) on `out`."""
     cfg = OrchestratorConfig.model_validate({
         "output_dir": str(out), "max_steps": 8, "batch_groups": 2, "group_size": 4, "resume": resume,
-        "unused_handler": "retry", "inference": {"base_urls": ["sim://engine0"]},
+        "admission": {"unused_handler": "retry"}, "inference": {"base_urls": ["sim://engine0"]},
         "envs": [{"id": "reverse-text", "name": "e"}],
     })  # fmt: skip
     params = SimParams(num_engines=1)

@@ -104,8 +104,8 @@ def test_two_deterministic_runs_are_bit_identical(tiny_model_dir: Path, tmp_path
 def test_k0_deterministic_equals_sync_step_for_step(tiny_model_dir: Path, tmp_path: Path):
     async_k0 = ("rl.toml", "--orchestrator.max-off-policy-steps", "0")
     sync_one_at_a_time = (
-        "rl_sync.toml", "--orchestrator.max-inflight-groups", "1",
-        "--orchestrator.submission-granularity", "group",
+        "rl_sync.toml", "--orchestrator.admission.max-inflight-groups", "1",
+        "--orchestrator.admission.submission-granularity", "group",
     )  # fmt: skip
     a, b = run_pair(tmp_path, tiny_model_dir, async_k0, sync_one_at_a_time)
     assert_identical(a, b)

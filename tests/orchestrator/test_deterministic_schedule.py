@@ -142,8 +142,8 @@ def test_batches_do_not_depend_on_timing_or_caps(k, seed, latency, train_time, b
     ]
     other = _run(
         k, SimParams(seed=seed, latency_s=latency, pareto_alpha=1.1, train_time_s=train_time),
-        max_buffered_groups=3 * buffer_factor, max_inflight_groups=inflight,
-        submission_granularity="group", weights={"pause_mode": "retract"},
+        admission={"max_buffered_groups": 3 * buffer_factor, "max_inflight_groups": inflight,
+                   "submission_granularity": "group"}, weights={"pause_mode": "retract"},
     )  # fmt: skip
     assert other == reference
 

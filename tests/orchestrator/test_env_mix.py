@@ -116,7 +116,8 @@ def test_checkpoint_of_another_mix_is_refused_and_a_one_env_checkpoint_still_loa
 
 def two_env_config(tmp_path: Path, **kw) -> OrchestratorConfig:
     base = dict(
-        batch_groups=4, group_size=2, max_off_policy_steps=8, max_buffered_groups=8, unused_handler="retry",
+        batch_groups=4, group_size=2, max_off_policy_steps=8,
+        admission={"max_buffered_groups": 8, "unused_handler": "retry"},
         output_dir=tmp_path,
         ckpt={"interval": 3}, wandb={"enabled": False},
         envs=[{"id": "sim", "name": "a", "ratio": 3, "args": {"num_examples": 30}},

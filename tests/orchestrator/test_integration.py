@@ -33,7 +33,7 @@ def test_rl_run_with_in_flight_updates(pause_mode: str, tiny_model_dir: Path, tm
         "--output-dir", str(out), "--model.path", str(tiny_model_dir), "--max-steps", str(steps),
         "--inference.server.port", str(free_port()), "--transport.port", str(free_port()),
         "--weights.pause-mode", pause_mode, "--orchestrator.max-off-policy-steps", str(k),
-        "--orchestrator.max-buffered-groups", "4", "--orchestrator.sampling.max-tokens", "128",
+        "--orchestrator.admission.max-buffered-groups", "4", "--orchestrator.sampling.max-tokens", "128",
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)

@@ -29,7 +29,7 @@ def run_rl(out: Path, model: Path, *args: str) -> None:
         sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl_lora.toml"),
         "--output-dir", str(out), "--model.path", str(model),
         "--inference.server.port", str(free_port()), "--transport.port", str(free_port()),
-        "--orchestrator.max-off-policy-steps", "2", "--orchestrator.max-buffered-groups", "4",
+        "--orchestrator.max-off-policy-steps", "2", "--orchestrator.admission.max-buffered-groups", "4",
         "--orchestrator.sampling.max-tokens", "128", *args,
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=840)

@@ -28,7 +28,7 @@ def test_derived_defaults():
 
 def test_buffer_below_batch_is_rejected_naming_the_key():
     with pytest.raises(ValidationError, match="max_buffered_groups"):
-        OrchestratorConfig(batch_groups=8, max_buffered_groups=7)
+        OrchestratorConfig(batch_groups=8, admission={"max_buffered_groups": 7})
 
 
 def test_interval_beyond_k_is_rejected():
@@ -39,12 +39,14 @@ def test_interval_beyond_k_is_rejected():
 
 def test_k_below_buffer_depth_warns(caplog):
     with caplog.at_level(logging.WARNING):
-        OrchestratorConfig(batch_groups=4, max_buffered_groups=16, max_off_policy_steps=2)
-    assert "max_off_policy_steps + 1 (3) < ceil(max_buffered_groups / batch_groups) (4)" in caplog.text
+        OrchestratorConfig(batch_groups=4, admission={"max_buffered_groups": 16}, max_off_policy_steps=2)
+    warning = "max_off_policy_steps + 1 (3) < ceil(admission.max_buffered_groups / batch_groups) (4)"
+    assert warning in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        OrchestratorConfig(batch_groups=4, max_buffered_groups=16, max_off_policy_steps=3)
-        OrchestratorConfig(batch_groups=4, max_buffered_groups=4, max_off_policy_steps=0)  # sync: one batch
+        OrchestratorConfig(batch_groups=4, admission={"max_buffered_groups": 16}, max_off_policy_steps=3)
+        # sync: one batch
+        OrchestratorConfig(batch_groups=4, admission={"max_buffered_groups": 4}, max_off_policy_steps=0)
     assert caplog.text == "", "a buffer of at most K + 1 batches is filled"
 
 

@@ -69,7 +69,8 @@ def test_rl_shared_in_flight_updates(tiny_model_dir: Path, tmp_path: Path):
     out, steps, k = tmp_path / "run", 6, 2
     run_rl(
         out, tiny_model_dir, "--weights.pause-mode", "in_place", "--orchestrator.max-off-policy-steps",
-        str(k), "--orchestrator.max-buffered-groups", "4", "--orchestrator.sampling.max-tokens", "128",
+        str(k), "--orchestrator.admission.max-buffered-groups", "4",
+        "--orchestrator.sampling.max-tokens", "128",
         steps=steps,
     )  # fmt: skip
     orch = read_jsonl(out / "metrics" / "orchestrator.jsonl")

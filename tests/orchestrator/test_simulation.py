@@ -71,9 +71,10 @@ def test_no_trained_group_is_staler_than_k(
 ):  # fmt: skip
     cfg = config(
         max_steps=15, max_off_policy_steps=k, batch_groups=batch_groups, group_size=group_size,
-        max_buffered_groups=buffer_factor * batch_groups, max_inflight_groups=inflight,
-        submission_granularity=granularity, weights={"pause_mode": pause_mode}, unused_handler=unused,
-        sink={"order": order}, max_dropped_groups_per_step=10_000,
+        admission={"max_buffered_groups": buffer_factor * batch_groups, "max_inflight_groups": inflight,
+                   "submission_granularity": granularity, "unused_handler": unused,
+                   "max_dropped_groups_per_step": 10_000},
+        weights={"pause_mode": pause_mode}, sink={"order": order},
     )  # fmt: skip
     params = SimParams(seed=seed, latency_s=latency, pareto_alpha=alpha, train_time_s=train_time,
                        error_rate=error_rate)  # fmt: skip
@@ -84,7 +85,8 @@ def test_no_trained_group_is_staler_than_k(
 @pytest.mark.parametrize("k", [0, 1, 2, 8])
 def test_thousands_of_groups_heavy_tail(k: int):
     cfg = config(max_steps=150, batch_groups=8, group_size=2, max_off_policy_steps=k,
-                 max_buffered_groups=8 if k == 0 else 24, inference={"max_running_requests": 16})  # fmt: skip
+                 admission={"max_buffered_groups": 8 if k == 0 else 24},
+                 inference={"max_running_requests": 16})  # fmt: skip
     result = run_virtual(
         run_simulation(cfg, SimParams(seed=k, latency_s=0.5, pareto_alpha=1.1, train_time_s=0.3))
     )
@@ -96,7 +98,7 @@ def test_thousands_of_groups_heavy_tail(k: int):
 
 
 def test_k0_is_synchronous_on_policy():
-    cfg = config(max_steps=12, max_off_policy_steps=0, max_buffered_groups=4)
+    cfg = config(max_steps=12, max_off_policy_steps=0, admission={"max_buffered_groups": 4})
     result = run_virtual(run_simulation(cfg, SimParams(seed=3, latency_s=2.0, pareto_alpha=1.2)))
     check_run(result, cfg)
     for step, groups in result.trained.items():
@@ -114,7 +116,9 @@ def test_k0_is_synchronous_on_policy():
 def test_heavy_tail_with_a_large_buffer_cancels_nothing():
     """A buffer pinned past K + 1 batches and a heavy tail: admission's landing rule and the cut's
     deadlines still leave no group unshippable (before them, 928 of 1456 trajectories were cancelled)."""
-    cfg = config(max_steps=30, max_off_policy_steps=1, max_buffered_groups=12, max_inflight_groups=12)
+    cfg = config(
+        max_steps=30, max_off_policy_steps=1, admission={"max_buffered_groups": 12, "max_inflight_groups": 12}
+    )
     params = SimParams(seed=7, latency_s=1.0, pareto_alpha=0.9, train_time_s=0.5)
     result = run_virtual(run_simulation(cfg, params))
     check_run(result, cfg)
@@ -146,7 +150,7 @@ def test_pause_modes_drive_engines():
 
 
 def test_resume_loses_and_duplicates_nothing(tmp_path: Path):
-    common = dict(batch_groups=4, group_size=2, max_off_policy_steps=8, unused_handler="retry",
+    common = dict(batch_groups=4, group_size=2, max_off_policy_steps=8, admission={"unused_handler": "retry"},
                   output_dir=tmp_path, ckpt={"interval": 3})  # fmt: skip
     params = SimParams(seed=11, num_examples=40, latency_s=1.0, pareto_alpha=1.2)
     first = run_virtual(run_simulation(config(max_steps=7, **common), params))  # ckpt at steps 2 and 5

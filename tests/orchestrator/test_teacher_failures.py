@@ -145,7 +145,7 @@ def test_every_early_episode_failing_on_the_teacher_names_the_teacher(tmp_path: 
         fake = await FakeTeacher(port, mode).start()
         try:
             with pytest.raises(EpisodesFailing) as info:
-                await _run(_cfg(tmp_path, port, fail_fast_groups=2))
+                await _run(_cfg(tmp_path, port, admission={"fail_fast_groups": 2}))
         finally:
             await fake.stop()
         msg = str(info.value)
@@ -163,7 +163,7 @@ def test_the_dropped_groups_limit_names_teacher_failures(tmp_path: Path) -> None
         fake = await FakeTeacher(port, "400").start()
         try:
             with pytest.raises(RuntimeError) as info:
-                await _run(_cfg(tmp_path, port, fail_fast_groups=0))
+                await _run(_cfg(tmp_path, port, admission={"fail_fast_groups": 0}))
         finally:
             await fake.stop()
         msg = str(info.value)
@@ -199,7 +199,7 @@ def test_a_teacher_answer_that_cannot_be_used_fails_its_episodes_not_the_run(
             ep.metrics["teacher_error"] and ep.error.startswith(f"teacher: {cfg.base_urls[0]}")
             for ep in episodes
         )
-        assert scorer.window_metrics()["teacher/errors"] == 3.0
+        assert scorer.metrics()["teacher/errors"] == 3.0
 
     asyncio.run(main())
 
@@ -212,7 +212,8 @@ def test_a_teacher_down_past_the_deadline_fails_in_one_line(tmp_path: Path, fail
 
     async def main() -> None:
         port = _closed_port()
-        cfg = _cfg(tmp_path, port, fail_fast_groups=fail_fast_groups, teacher={"outage_timeout_s": 1.5})
+        admission = {"fail_fast_groups": fail_fast_groups}
+        cfg = _cfg(tmp_path, port, admission=admission, teacher={"outage_timeout_s": 1.5})
         seen: dict = {}
 
         async def watch(comps: Any) -> None:

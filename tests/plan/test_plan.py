@@ -33,7 +33,7 @@ def run_dir(tmp_path: Path) -> Path:
     (run / "metrics").mkdir()
     cfg = OrchestratorConfig.model_validate({
         "output_dir": str(run), "batch_groups": 2, "group_size": 2, "max_off_policy_steps": 1,
-        "max_buffered_groups": 4, "inference": {"base_urls": ["http://127.0.0.1:30000"],
+        "admission": {"max_buffered_groups": 4}, "inference": {"base_urls": ["http://127.0.0.1:30000"],
                                                  "max_running_requests": 8},
     })  # fmt: skip
     (run / "configs" / "orchestrator.toml").write_text(dump_toml(cfg))

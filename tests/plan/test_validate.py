@@ -52,7 +52,7 @@ def test_the_recommended_candidate_is_validated_with_its_own_flags(run_dir: Path
         "rl.toml",
         "--orchestrator.max-off-policy-steps",
         "3",
-        "--orchestrator.max_buffered_groups=9",
+        "--orchestrator.admission.max_buffered_groups=9",
     ]
     argv = candidate_argv(user, best)
     assert argv[:2] == ["@", "rl.toml"] and "3" not in argv and not any("=9" in a for a in argv)

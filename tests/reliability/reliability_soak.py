@@ -151,8 +151,9 @@ def run_rl(
         "--max-steps", str(run.steps), "--inference.server.port", str(free_port()),
         "--transport.port", str(free_port()), "--weights.pause-mode", run.pause_mode,
         "--orchestrator.max-off-policy-steps", str(run.k),
-        "--orchestrator.max-buffered-groups", str(run.max_buffered_groups),
-        "--restart.max-restarts", "1", "--restart.backoff-s", "0.5", "--orchestrator.unused-handler", "retry",
+        "--orchestrator.admission.max-buffered-groups", str(run.max_buffered_groups),
+        "--restart.max-restarts", "1", "--restart.backoff-s", "0.5",
+        "--orchestrator.admission.unused-handler", "retry",
         "--trainer.ckpt.interval", str(trainer_ckpt_interval), *extra,
     ]  # fmt: skip
     if orchestrator_ckpt_interval is not None:

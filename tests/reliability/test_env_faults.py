@@ -41,7 +41,7 @@ def test_reward_faults_and_overlong_are_counted_and_the_run_goes_on(tiny_model_d
     cfg = OrchestratorConfig.model_validate({
         "output_dir": str(tmp_path), "max_steps": steps, "seq_len": seq_len,
         "batch_groups": 2, "group_size": 2,
-        "max_off_policy_steps": steps, "unused_handler": "retry", "wandb": {"enabled": False},
+        "max_off_policy_steps": steps, "admission": {"unused_handler": "retry"}, "wandb": {"enabled": False},
         "sampling": {"temperature": 1.0, "max_tokens": 40},
         "envs": [{"id": "reverse-text", "args": {
             "num_examples": 64, "task": {"rewards": {"lcs": {"fn": f"{FLAKY}:flaky_reward"}}}}}],

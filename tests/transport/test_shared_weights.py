@@ -21,9 +21,9 @@ import msgspec
 import pytest
 import torch
 
-from prime_async.config.interactions import use_shared_weights
 from prime_async.config.loader import ConfigError, load_config
 from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.config.placement import use_shared_weights
 from prime_async.config.rl import RLConfig
 from prime_async.config.sft import SFTConfig
 from prime_async.utils.mem_fraction import apply_mem_fraction

@@ -6,8 +6,8 @@ one line that names both keys and the reason (a ValueError: the CLI prints it an
 for combinations whose semantics cannot hold together; a combination that should work but does not is
 a defect to fix, not a rule to add here.
 
-Who calls it: `OrchestratorConfig` (rules within the orchestrator's own keys) and `RLConfig` (rules across
-components, and the defaults `rl` derives from them, e.g. the LoRA adapter slots from K).
+Who calls it: `RLConfig` (rules across components, and the defaults `rl` derives from them, e.g. the LoRA
+adapter slots from K). Rules within the orchestrator's own keys are its validators (`orchestrator.py`).
 
 Invariants:
 - each rule is a pure function of validated config values; none imports torch;
@@ -16,14 +16,30 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prime_async.config import placement
+from prime_async.config.orchestrator import OrchestratorConfig
+from prime_async.config.placement import SHARED_ENGINE_FRACTION, SHARED_TRAINER_FRACTION
+from prime_async.config.placement import RunSections as PlacedRun
+from prime_async.config.shared import LoraConfig, ModelConfig
 from prime_async.config.trainer import DEFAULT_KEEP_LAST
 
-if TYPE_CHECKING:
-    from prime_async.config.orchestrator import OrchestratorConfig
-    from prime_async.config.rl import RLConfig
+
+class RestartSettings(Protocol):
+    max_restarts: int
+
+
+class RunSections(PlacedRun, Protocol):
+    """What the rules read of an `rl` config (`RLConfig` has it; this module sits below `rl.py`, which
+    calls `check_rl` from its validator)."""
+
+    orchestrator: OrchestratorConfig
+    deterministic: bool
+    lora: LoraConfig | None
+    router_replay: bool
+    model: ModelConfig
+    restart: RestartSettings
 
 
 def lora_slots_needed(max_off_policy_steps: int, update_interval: int) -> int:
@@ -64,39 +80,7 @@ def derive_keep_last(trainer: dict[str, Any], *, deterministic: bool, k: int) ->
         }
 
 
-def check_orchestrator(cfg: OrchestratorConfig) -> None:
-    """Rules among the orchestrator's own keys (raise ValueError with one line)."""
-    _check_top_p(cfg)
-    if not cfg.deterministic:
-        return
-    if len(cfg.envs) > 1:
-        raise ValueError(
-            f"deterministic = true with {len(cfg.envs)} orchestrator.envs: a filtered or errored group hands "
-            "its mix slot back when it finishes, so which env a later slot gets depends on timing; train one "
-            "env per deterministic run, or set deterministic = false"
-        )
-    if cfg.unused_handler == "retry":
-        raise ValueError(
-            "deterministic = true with orchestrator.unused_handler = 'retry': a retried prompt takes "
-            "whichever slot comes next, which depends on timing; set unused_handler = 'drop' (the default)"
-        )
-
-
-def _check_top_p(cfg: OrchestratorConfig) -> None:
-    """The engines (SGLang, and the embedded engine alike) report each token's logprob under the
-    untruncated distribution; with nucleus truncation the importance ratio against them is biased."""
-    trained = [("orchestrator.sampling.top_p", cfg.sampling.top_p)]
-    trained += [(f"orchestrator.envs[{e.label}].sampling.top_p", e.sampling.top_p) for e in cfg.envs]
-    for key, top_p in trained:
-        if top_p is not None and top_p < 1.0:
-            raise ValueError(
-                f"{key} = {top_p} with the trainer's importance-ratio loss: engines report sampler logprobs "
-                "of the untruncated distribution, so the ratio would be biased; train with top_p = 1 "
-                "(eval sampling may set any top_p)"
-            )
-
-
-def check_rl(cfg: RLConfig) -> None:
+def check_rl(cfg: RunSections) -> None:
     """Rules across components of one `rl` run (raise ValueError with one line)."""
     orch = cfg.orchestrator
     k, keep = orch.max_off_policy_steps, cfg.trainer.weights.keep_last
@@ -114,7 +98,7 @@ def check_rl(cfg: RLConfig) -> None:
     placement.check_config(cfg)  # the explicit [gpus] lists; the machine's devices are checked at start
 
 
-def _check_router_replay(cfg: RLConfig) -> None:
+def _check_router_replay(cfg: RunSections) -> None:
     if cfg.lora is not None:
         raise ValueError(
             "router_replay = true with lora: the embedded engine serves no LoRA adapters on MoE models; "
@@ -135,7 +119,7 @@ def _check_router_replay(cfg: RLConfig) -> None:
         )
 
 
-def _check_lora(cfg: RLConfig) -> None:
+def _check_lora(cfg: RunSections) -> None:
     orch = cfg.orchestrator
     lora = cfg.lora
     assert lora is not None
@@ -170,13 +154,7 @@ def _check_lora(cfg: RLConfig) -> None:
             )
 
 
-# The device shares `use_shared_weights` states when the user left them unset: the trainer holds weights,
-# gradients, optimizer state and its lent versions; the engine weights and KV cache; ~10% stays free for
-# the two CUDA contexts and what no allocator caps.
-SHARED_TRAINER_FRACTION, SHARED_ENGINE_FRACTION = 0.5, 0.4
-
-
-def _check_shared_weights(cfg: RLConfig) -> None:
+def _check_shared_weights(cfg: RunSections) -> None:
     """`weights.transport = "shared"`: the embedded engine only, and each side's stated device share."""
     if cfg.inference.backend == "sglang":
         raise ValueError(
@@ -196,18 +174,3 @@ def _check_shared_weights(cfg: RLConfig) -> None:
             f"trainer.mem_fraction = {trainer} with inference.engine.mem_fraction = {engine}: they share one "
             f"device (weights.transport = 'shared') and their sum {trainer + engine:g} exceeds 1; lower them"
         )
-
-
-def use_shared_weights(cfg: RLConfig) -> RLConfig:
-    """`cfg` with `weights.transport = "shared"` and the device shares stated (the user's, else
-    SHARED_TRAINER_FRACTION and SHARED_ENGINE_FRACTION), re-validated: what `rl`'s placement applies when
-    trainer and engine land on one device (`config/placement.py`). ValueError (one line) when the
-    result is refused (e.g. SGLang, LoRA, the shares' sum above 1)."""
-    from prime_async.config.rl import RLConfig, explicit_values
-
-    data = explicit_values(cfg)
-    data.setdefault("weights", {})["transport"] = "shared"
-    data.setdefault("trainer", {}).setdefault("mem_fraction", SHARED_TRAINER_FRACTION)
-    engine = data.setdefault("inference", {}).setdefault("engine", {})
-    engine.setdefault("mem_fraction", SHARED_ENGINE_FRACTION)
-    return RLConfig.model_validate(data)

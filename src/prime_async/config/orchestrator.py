@@ -1,17 +1,23 @@
 """Config schema of the `orchestrator` command (`uv run orchestrator @ orchestrator.toml`).
 
-Invariants checked at validation time (each error names the TOML key and the fix):
-- `max_buffered_groups >= batch_groups` (the buffer must hold at least one batch);
-- `weights.update_interval <= max_off_policy_steps + 1` (otherwise admission could wait for a version
-  that is never loaded: a deadlock);
-- a warning (not an error) when `max_off_policy_steps + 1 < ceil(max_buffered_groups / batch_groups)`: the
-  buffer limit then produces groups older than K, which the sink drops every step;
-- the training environments are the list `envs` (the loader rewrites the one-table shorthand `[env]` to
-  `envs = [env]`, `shorthands`); none gives the default environment; names are unique (in `envs` and
-  in `eval.envs`);
-- `eval.placement = "shared"` takes no `eval.base_urls`; `dedicated` and `external` need them;
-- `deterministic = true` needs `weights.update_interval = 1` and the default sink (no `sink.import_path`);
-- combinations of features that cannot train together are refused by `interactions.py` (one line, both keys).
+Sections: the run-wide keys `rl` shares (model, seq_len, max_steps, output_dir, ...), the batch knobs
+(`batch_groups`, `group_size`, `max_off_policy_steps` = K), and one section per concern: `envs`,
+`sampling`, `inference`, `admission` (groups issued and held), `sink`, `advantage`, `packing` (batch
+layout), `weights`, `ckpt`, `eval`, `teacher`. A key that moved into a section is refused with one line
+naming its new key (`MOVED_KEYS`).
+
+Invariants checked at validation time, each by the small validator next to the section it checks (each
+error names the TOML key and the fix):
+- `check_admission`: `admission.max_buffered_groups >= batch_groups`; `weights.update_interval <=
+  max_off_policy_steps + 1` (otherwise admission could wait for a version never loaded: a deadlock); a
+  warning (not an error) when `max_off_policy_steps + 1 < ceil(max_buffered_groups / batch_groups)`;
+- `check_envs`: the training environments are the list `envs` (the loader rewrites the one-table
+  shorthand `[env]` to `envs = [env]`, `shorthands`), names unique; no trained `top_p < 1`;
+- `OrchestratorEvalConfig`: unique `eval.envs` names; `eval.placement = "shared"` takes no
+  `eval.base_urls`, `dedicated` and `external` need them;
+- `check_weights`: eval while training needs the filesystem transport; `shared` needs loopback hosts;
+- `check_deterministic`: `weights.update_interval = 1`, no `sink.import_path`, one env, no retry.
+Rules across components live in `interactions.py` (called by `rl`).
 Derived defaults (`resolved_*` properties) follow DESIGN.md; this module never imports torch.
 """
 
@@ -26,7 +32,6 @@ from pydantic import Field, model_validator
 
 from prime_async.config.base import BaseConfig
 from prime_async.config.env import EnvConfig, EvalEnvConfig, SamplingOverrides, check_unique_names
-from prime_async.config.interactions import check_orchestrator
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
     RUN_ID_DESCRIPTION,
@@ -41,11 +46,30 @@ from prime_async.config.shared import (
 logger = logging.getLogger(__name__)
 
 
-MOVED_TO_WEIGHTS = {
-    "pause_mode": "pause_mode",
-    "update_weights_interval": "update_interval",
-    "weight_poll_interval_s": "poll_interval_s",
-}
+MOVED_KEYS = {  # old key -> its key now: each gives a one-line error naming the new key
+    "pause_mode": "weights.pause_mode",
+    "update_weights_interval": "weights.update_interval",
+    "weight_poll_interval_s": "weights.poll_interval_s",
+    **{key: f"admission.{key}" for key in (
+        "max_inflight_groups", "max_buffered_groups", "submission_granularity", "unused_handler",
+        "max_dropped_groups_per_step", "fail_fast_groups",
+    )},
+    **{key: f"packing.{key}" for key in ("num_train_ranks", "share_prompt_prefix")},
+}  # fmt: skip
+
+
+def check_weights(cfg: OrchestratorConfig) -> None:
+    """`weights.transport` against the sections that use it: eval while training reads the broadcast
+    directory (filesystem only); `shared` keeps trainer and engines on one host."""
+    transport = cfg.weights.transport
+    if transport != "filesystem" and cfg.eval.envs:
+        raise ValueError(
+            f"eval.envs with weights.transport = '{transport}': eval while training finds its versions "
+            f"in the broadcast directory, which the {transport} transport writes only at checkpoint "
+            "steps; use weights.transport = 'filesystem' for a run with eval"
+        )
+    if transport == "shared":
+        _check_shared_hosts(cfg)
 
 
 def _check_shared_hosts(cfg: OrchestratorConfig) -> None:
@@ -115,6 +139,96 @@ class SinkConfig(BaseConfig):
     )
 
 
+class AdmissionConfig(BaseConfig):
+    """`[orchestrator.admission]`: how many groups are issued and held, what becomes of unused ones, and
+    when drops or failures end the run (`orchestrator/admission.py`, `groups.py`, `dispatcher.py`)."""
+
+    max_inflight_groups: int | None = Field(
+        None,
+        ge=1,
+        description="Groups issued and not returned. None = ceil(max_running_requests * engines * 1.2 / "
+        "group_size).",
+    )
+    max_buffered_groups: int | None = Field(
+        None,
+        ge=1,
+        description="In-flight plus finished-but-untrained groups. None = (max_off_policy_steps + 1) * "
+        "batch_groups, the most that can ever ship; admission's landing rule admits fewer whenever the "
+        "orchestrator runs ahead of the served version (a new group only if the batch it lands in is "
+        "within K of the served version), so nothing admitted is cancelled or ages past K.",
+    )
+    submission_granularity: Literal["sample", "group"] = Field(
+        "sample",
+        description="sample = each finished episode frees its own slot; group = the slot is held until the "
+        "whole group returns.",
+    )
+    unused_handler: Literal["drop", "retry"] = Field(
+        "drop",
+        description="Stale or errored groups: drop the prompt, or retry it (back into the data source). "
+        "Filtered groups are always dropped; a cancelled group's prompt is always retried (except with "
+        "deterministic = true, where this setting applies), so slow prompts are not selected against.",
+    )
+    max_dropped_groups_per_step: int | None = Field(
+        None,
+        ge=1,
+        description="Fail the run when more groups are dropped between two batch cuts. "
+        "None = 10 * batch_groups.",
+    )
+    fail_fast_groups: int = Field(
+        2,
+        ge=0,
+        description="Stop the run at once, naming the cause, when every episode of the first this many "
+        "finished groups failed (the environment, or the distillation teacher, cannot run as configured). "
+        "0 = never.",
+    )
+
+
+def check_admission(cfg: OrchestratorConfig) -> None:
+    """`admission` against K and the batch: the buffer holds a batch, every awaited version is loaded;
+    a warning when the buffer is larger than the landing rule can ever fill."""
+    buffered = cfg.resolved_max_buffered_groups
+    if buffered < cfg.batch_groups:
+        raise ValueError(
+            f"admission.max_buffered_groups ({buffered}) < batch_groups ({cfg.batch_groups}): set "
+            "admission.max_buffered_groups >= batch_groups (default (max_off_policy_steps + 1) * "
+            "batch_groups)"
+        )
+    if cfg.weights.update_interval > cfg.max_off_policy_steps + 1:
+        raise ValueError(
+            f"weights.update_interval ({cfg.weights.update_interval}) > max_off_policy_steps + 1 "
+            f"({cfg.max_off_policy_steps + 1}): admission would wait for a version never loaded; lower "
+            "weights.update_interval or raise max_off_policy_steps"
+        )
+    # Admission's landing rule (orchestrator/shipping.py) never lets more than K + 1 batches of groups
+    # live: a larger buffer is never filled.
+    batches = math.ceil(buffered / cfg.batch_groups)
+    if cfg.max_off_policy_steps + 1 < batches and not cfg.deterministic:
+        logger.warning(
+            "max_off_policy_steps + 1 (%d) < ceil(admission.max_buffered_groups / batch_groups) (%d): "
+            "admission never holds more than K + 1 batches of groups (a group is admitted only if the batch "
+            "it lands in is within K of the served version), so the buffer beyond that stays empty",
+            cfg.max_off_policy_steps + 1,
+            batches,
+        )
+
+
+class PackingConfig(BaseConfig):
+    """`[orchestrator.packing]`: how a batch is laid out for the trainer (`orchestrator/batching.py`)."""
+
+    num_train_ranks: int = Field(
+        1,
+        ge=1,
+        description="Trainer data-parallel ranks a batch is split across (`rl`: trainer.num_processes).",
+    )
+    share_prompt_prefix: bool = Field(
+        True,
+        description="Pack the episodes of one group (per seat) as their common prompt once plus a branch "
+        "per episode, so the trainer runs the shared tokens once per group instead of once per episode "
+        "(same logprobs and gradients; fsdp runs an explicit attention mask for such rows, megatron "
+        "expands them back). false = every episode whole.",
+    )
+
+
 class AdvantageConfig(BaseConfig):
     """Group-relative advantages: reward minus the group mean."""
 
@@ -128,6 +242,22 @@ class SamplingConfig(BaseConfig):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (the trainer uses the same).")
     max_tokens: int = Field(128, ge=1, description="Max new tokens per model turn.")
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling threshold.")
+
+
+def check_envs(cfg: OrchestratorConfig) -> None:
+    """`envs` and `sampling`: unique env names; no nucleus truncation on trained episodes (the engines
+    report each token's logprob under the untruncated distribution, so the importance ratio against them
+    would be biased)."""
+    check_unique_names(list(cfg.envs), "envs")
+    trained = [("orchestrator.sampling.top_p", cfg.sampling.top_p)]
+    trained += [(f"orchestrator.envs[{e.label}].sampling.top_p", e.sampling.top_p) for e in cfg.envs]
+    for key, top_p in trained:
+        if top_p is not None and top_p < 1.0:
+            raise ValueError(
+                f"{key} = {top_p} with the trainer's importance-ratio loss: engines report sampler logprobs "
+                "of the untruncated distribution, so the ratio would be biased; train with top_p = 1 "
+                "(eval sampling may set any top_p)"
+            )
 
 
 class OrchestratorEvalConfig(BaseConfig):
@@ -236,6 +366,34 @@ class OrchestratorCkptConfig(BaseConfig):
     )
 
 
+def check_deterministic(cfg: OrchestratorConfig) -> None:
+    """`deterministic = true` fixes what timing would decide: every version loaded in turn, the default
+    sink, one env, no retried prompts (a retried prompt or a handed-back mix slot goes to whichever slot
+    comes next)."""
+    if cfg.weights.update_interval != 1:
+        raise ValueError(
+            f"deterministic = true loads every version in turn: weights.update_interval must be 1 "
+            f"(got {cfg.weights.update_interval})"
+        )
+    if cfg.sink.import_path is not None:
+        raise ValueError(
+            f"deterministic = true composes batches by its own schedule: remove sink.import_path "
+            f"({cfg.sink.import_path!r})"
+        )
+    if len(cfg.envs) > 1:
+        raise ValueError(
+            f"deterministic = true with {len(cfg.envs)} orchestrator.envs: a filtered or errored group hands "
+            "its mix slot back when it finishes, so which env a later slot gets depends on timing; train one "
+            "env per deterministic run, or set deterministic = false"
+        )
+    if cfg.admission.unused_handler == "retry":
+        raise ValueError(
+            "deterministic = true with orchestrator.admission.unused_handler = 'retry': a retried prompt "
+            "takes whichever slot comes next, which depends on timing; set admission.unused_handler = "
+            "'drop' (the default)"
+        )
+
+
 class OrchestratorConfig(BaseConfig):
     """Loads environments, dispatches groups, holds the train sink, streams batches, drives weight updates."""
 
@@ -266,63 +424,21 @@ class OrchestratorConfig(BaseConfig):
     transport: TransportConfig = Field(
         default_factory=TransportConfig, description="ZeroMQ batch stream to the trainer."
     )
-    num_train_ranks: int = Field(1, ge=1, description="Trainer data-parallel ranks a batch is split across.")
     batch_groups: int = Field(8, ge=1, description="Groups per training batch.")
     group_size: int = Field(4, ge=1, description="Episodes per group (same prompt).")
     max_off_policy_steps: int = Field(
         8, ge=0, description="K: no group with `step - dispatch_version > K` is ever trained; 0 = sync."
     )
-    max_inflight_groups: int | None = Field(
-        None,
-        ge=1,
-        description="Groups issued and not returned. None = ceil(max_running_requests * engines * 1.2 / "
-        "group_size).",
-    )
-    max_buffered_groups: int | None = Field(
-        None,
-        ge=1,
-        description="In-flight plus finished-but-untrained groups. None = (max_off_policy_steps + 1) * "
-        "batch_groups, the most that can ever ship; admission's landing rule admits fewer whenever the "
-        "orchestrator runs ahead of the served version (a new group only if the batch it lands in is "
-        "within K of the served version), so nothing admitted is cancelled or ages past K.",
-    )
-    submission_granularity: Literal["sample", "group"] = Field(
-        "sample",
-        description="sample = each finished episode frees its own slot; group = the slot is held until the "
-        "whole group returns.",
-    )
     weights: WeightsConfig = Field(
         default_factory=WeightsConfig,
         description="Weight updates: pause mode, interval, transport (the same section as the trainer's).",
     )
-    max_dropped_groups_per_step: int | None = Field(
-        None,
-        ge=1,
-        description="Fail the run when more groups are dropped between two batch cuts. "
-        "None = 10 * batch_groups.",
-    )
-    fail_fast_groups: int = Field(
-        2,
-        ge=0,
-        description="Stop the run at once, naming the cause, when every episode of the first this many "
-        "finished groups failed (the environment, or the distillation teacher, cannot run as configured). "
-        "0 = never.",
-    )
-    unused_handler: Literal["drop", "retry"] = Field(
-        "drop",
-        description="Stale or errored groups: drop the prompt, or retry it (back into the data source). "
-        "Filtered groups are always dropped; a cancelled group's prompt is always retried (except with "
-        "deterministic = true, where this setting applies), so slow prompts are not selected against.",
+    admission: AdmissionConfig = Field(
+        default_factory=AdmissionConfig, description="Groups issued and held, unused ones, drop limits."
     )
     sink: SinkConfig = Field(default_factory=SinkConfig, description="Train sink.")
+    packing: PackingConfig = Field(default_factory=PackingConfig, description="Batch layout for the trainer.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages.")
-    share_prompt_prefix: bool = Field(
-        True,
-        description="Pack the episodes of one group (per seat) as their common prompt once plus a branch "
-        "per episode, so the trainer runs the shared tokens once per group instead of once per episode "
-        "(same logprobs and gradients; fsdp runs an explicit attention mask for such rows, megatron "
-        "expands them back). false = every episode whole.",
-    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
     seed: int = Field(0, description="Seed of the data order (and, when deterministic, of sampling).")
     router_replay: bool = Field(
@@ -353,79 +469,52 @@ class OrchestratorConfig(BaseConfig):
 
     @property
     def resolved_max_inflight_groups(self) -> int:
-        if self.max_inflight_groups is not None:
-            return self.max_inflight_groups
+        if self.admission.max_inflight_groups is not None:
+            return self.admission.max_inflight_groups
         capacity = self.inference.max_running_requests * len(self.inference.base_urls) * 1.2
         return max(1, math.ceil(capacity / self.group_size))
 
     @property
     def resolved_max_buffered_groups(self) -> int:
-        if self.max_buffered_groups is not None:
-            return self.max_buffered_groups
+        if self.admission.max_buffered_groups is not None:
+            return self.admission.max_buffered_groups
         return (self.max_off_policy_steps + 1) * self.batch_groups
 
     @property
     def resolved_max_dropped_groups_per_step(self) -> int:
-        if self.max_dropped_groups_per_step is not None:
-            return self.max_dropped_groups_per_step
+        if self.admission.max_dropped_groups_per_step is not None:
+            return self.admission.max_dropped_groups_per_step
         return 10 * self.batch_groups
 
     @model_validator(mode="before")
     @classmethod
     def _refuse_moved_keys(cls, data: Any) -> Any:
-        """The weight-update keys moved into the `[weights]` section: name the new key, once."""
-        moved = {key: new for key, new in MOVED_TO_WEIGHTS.items() if isinstance(data, dict) and key in data}
+        """A key that moved into a section: one line naming its new key (`MOVED_KEYS`)."""
+        moved = {key: new for key, new in MOVED_KEYS.items() if isinstance(data, dict) and key in data}
         if moved:
             raise ValueError(
-                "; ".join(f"{key} moved to weights.{new}" for key, new in moved.items())
-                + " (the [weights] section holds every weight-update setting)"
+                "; ".join(f"{key} moved to {new}" for key, new in moved.items())
+                + " (the orchestrator's settings are grouped in sections, docs/configuration.md)"
             )
         return data
 
     @model_validator(mode="after")
-    def _check_cross_fields(self) -> OrchestratorConfig:
-        check_unique_names(list(self.envs), "envs")
-        buffered = self.resolved_max_buffered_groups
-        if buffered < self.batch_groups:
-            raise ValueError(
-                f"max_buffered_groups ({buffered}) < batch_groups ({self.batch_groups}): set "
-                f"max_buffered_groups >= batch_groups (default (max_off_policy_steps + 1) * batch_groups)"
-            )
-        if self.weights.update_interval > self.max_off_policy_steps + 1:
-            raise ValueError(
-                f"weights.update_interval ({self.weights.update_interval}) > max_off_policy_steps + 1 "
-                f"({self.max_off_policy_steps + 1}): admission would wait for a version never loaded; lower "
-                "weights.update_interval or raise max_off_policy_steps"
-            )
-        if self.deterministic and self.weights.update_interval != 1:
-            raise ValueError(
-                f"deterministic = true loads every version in turn: weights.update_interval must be 1 "
-                f"(got {self.weights.update_interval})"
-            )
-        if self.deterministic and self.sink.import_path is not None:
-            raise ValueError(
-                f"deterministic = true composes batches by its own schedule: remove sink.import_path "
-                f"({self.sink.import_path!r})"
-            )
-        transport = self.weights.transport
-        if transport != "filesystem" and self.eval.envs:
-            raise ValueError(
-                f"eval.envs with weights.transport = '{transport}': eval while training finds its versions "
-                f"in the broadcast directory, which the {transport} transport writes only at checkpoint "
-                "steps; use weights.transport = 'filesystem' for a run with eval"
-            )
-        if self.weights.transport == "shared":
-            _check_shared_hosts(self)
-        check_orchestrator(self)
-        # Admission's landing rule (orchestrator/shipping.py) never lets more than K + 1 batches of groups
-        # live: a larger buffer is never filled.
-        batches = math.ceil(buffered / self.batch_groups)
-        if self.max_off_policy_steps + 1 < batches and not self.deterministic:
-            logger.warning(
-                "max_off_policy_steps + 1 (%d) < ceil(max_buffered_groups / batch_groups) (%d): admission "
-                "never holds more than K + 1 batches of groups (a group is admitted only if the batch it "
-                "lands in is within K of the served version), so the buffer beyond that stays empty",
-                self.max_off_policy_steps + 1,
-                batches,
-            )
+    def _check_envs(self) -> OrchestratorConfig:
+        check_envs(self)
+        return self
+
+    @model_validator(mode="after")
+    def _check_admission(self) -> OrchestratorConfig:
+        check_admission(self)
+        return self
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> OrchestratorConfig:
+        check_weights(self)
+        return self
+
+    @model_validator(mode="after")
+    def _check_deterministic(self) -> OrchestratorConfig:
+        if self.deterministic:
+            check_deterministic(self)
         return self

@@ -34,16 +34,14 @@ from __future__ import annotations
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Any, Protocol, Self
 
 from pydantic import Field
 
 from prime_async.config.base import BaseConfig
+from prime_async.config.inference import InferenceConfig
 from prime_async.config.shared import WeightsConfig
-
-if TYPE_CHECKING:
-    from prime_async.config.inference import InferenceConfig
-    from prime_async.config.rl import RLConfig
+from prime_async.config.trainer import TrainerConfig
 
 COMPONENTS = ("inference", "eval_inference", "teacher_inference", "trainer")  # order of auto placement
 # Engines that take the trainer's weights over `weights.transport` (dedicated eval engines load
@@ -93,6 +91,41 @@ class Placement:
     transport: str
 
 
+class RunSections(Protocol):
+    """What placement reads of an `rl` config (`RLConfig` has it; this module sits below `rl.py`)."""
+
+    gpus: GpusConfig
+    inference: InferenceConfig
+    eval_inference: InferenceConfig | None
+    teacher_inference: InferenceConfig | None
+    trainer: TrainerConfig
+    weights: WeightsConfig
+
+    def given_values(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> Self: ...
+
+
+# The device shares `use_shared_weights` states when the user left them unset: the trainer holds weights,
+# gradients, optimizer state and its lent versions; the engine weights and KV cache; ~10% stays free for
+# the two CUDA contexts and what no allocator caps.
+SHARED_TRAINER_FRACTION, SHARED_ENGINE_FRACTION = 0.5, 0.4
+
+
+def use_shared_weights(cfg: RunSections) -> RunSections:
+    """`cfg` with `weights.transport = "shared"` and the device shares stated (the user's, else
+    SHARED_TRAINER_FRACTION and SHARED_ENGINE_FRACTION), re-validated from what was given: what `rl`'s
+    placement applies when trainer and engine land on one device. ValueError (one line) when the
+    result is refused (e.g. SGLang, LoRA, the shares' sum above 1)."""
+    data = cfg.given_values()
+    data.setdefault("weights", {})["transport"] = "shared"
+    data.setdefault("trainer", {}).setdefault("mem_fraction", SHARED_TRAINER_FRACTION)
+    engine = data.setdefault("inference", {}).setdefault("engine", {})
+    engine.setdefault("mem_fraction", SHARED_ENGINE_FRACTION)
+    return type(cfg).model_validate(data)
+
+
 def shared_device_transport() -> str | None:
     """The `weights.transport` value of the shared-device weight path (CUDA IPC on one device, shared
     memory on CPU), None while the schema has none (it arrives with `weights/shared_*.py`)."""
@@ -108,7 +141,7 @@ def engine_devices_needed(inference: InferenceConfig) -> int:
     return 0 if inference.engine.device == "cpu" else 1
 
 
-def device_needs(cfg: RLConfig) -> dict[str, int]:
+def device_needs(cfg: RunSections) -> dict[str, int]:
     """Devices each component of the run needs (components that need none are left out)."""
     needs = {
         name: engine_devices_needed(getattr(cfg, name)) for name in COMPONENTS[:-1] if getattr(cfg, name)
@@ -117,7 +150,7 @@ def device_needs(cfg: RLConfig) -> dict[str, int]:
     return {name: n for name, n in needs.items() if n > 0}
 
 
-def explicit_devices(cfg: RLConfig) -> dict[str, list[int]]:
+def explicit_devices(cfg: RunSections) -> dict[str, list[int]]:
     """The lists given in `[gpus]`."""
     return {name: list(getattr(cfg.gpus, name)) for name in COMPONENTS if getattr(cfg.gpus, name) is not None}
 
@@ -194,7 +227,7 @@ def _key(name: str, devices: Mapping[str, Sequence[int]], explicit: Mapping[str,
 
 
 def check_devices(
-    cfg: RLConfig,
+    cfg: RunSections,
     devices: Mapping[str, Sequence[int]],
     explicit: Mapping[str, Sequence[int]],
     transport: str,
@@ -258,7 +291,7 @@ def _check_shared_device(
             )
 
 
-def chosen_transport(cfg: RLConfig, devices: Mapping[str, Sequence[int]]) -> str:
+def chosen_transport(cfg: RunSections, devices: Mapping[str, Sequence[int]]) -> str:
     """`weights.transport` as given; left at its default with one trainer rank and the inference engine
     on one device, the shared-device path when this run can take it (`shared_run`), else the default
     (filesystem, which works on one device too)."""
@@ -271,20 +304,18 @@ def chosen_transport(cfg: RLConfig, devices: Mapping[str, Sequence[int]]) -> str
     return cfg.weights.transport
 
 
-def shared_run(cfg: RLConfig) -> RLConfig | None:
+def shared_run(cfg: RunSections) -> RunSections | None:
     """`cfg` on the shared-device weight path with its device shares stated (`use_shared_weights`), or
     None when the schema has no such path or this run cannot take it (e.g. SGLang)."""
     if shared_device_transport() is None:
         return None
-    from prime_async.config import interactions  # it imports this module
-
     try:
-        return interactions.use_shared_weights(cfg)
+        return use_shared_weights(cfg)
     except ValueError:
         return None
 
 
-def check_config(cfg: RLConfig) -> None:
+def check_config(cfg: RunSections) -> None:
     """Config validation (`rl --dry-run` too): the explicit `[gpus]` lists, before the machine is known."""
     if cfg.inference.sglang.gpu_ids is not None:
         raise ValueError(
@@ -298,7 +329,7 @@ def check_config(cfg: RLConfig) -> None:
     check_devices(cfg, explicit, explicit, cfg.weights.transport)
 
 
-def _check_list_length(cfg: RLConfig, name: str, listed: Sequence[int], needed: int) -> None:
+def _check_list_length(cfg: RunSections, name: str, listed: Sequence[int], needed: int) -> None:
     if name != "trainer" and name not in engine_sections(cfg):
         raise ValueError(f"gpus.{name} = {list(listed)} without [{name}]: remove it or configure [{name}]")
     if name == "trainer" and len(listed) < needed:
@@ -318,12 +349,12 @@ def _check_list_length(cfg: RLConfig, name: str, listed: Sequence[int], needed: 
         )
 
 
-def engine_sections(cfg: RLConfig) -> list[str]:
+def engine_sections(cfg: RunSections) -> list[str]:
     """The engine sections this run has (inference always; eval and teacher engines when configured)."""
     return [name for name in COMPONENTS[:-1] if getattr(cfg, name) is not None]
 
 
-def place(cfg: RLConfig, num_devices: int) -> Placement:
+def place(cfg: RunSections, num_devices: int) -> Placement:
     """The run's placement on a machine with `num_devices` visible CUDA devices (0: none, a no-op)."""
     if num_devices == 0:
         return Placement(devices={}, transport=cfg.weights.transport)

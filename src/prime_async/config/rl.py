@@ -4,8 +4,8 @@
 `rl @ rl.toml --trainer.optim.lr 1e-5`) and hands it to `prime_async.launcher.run`, which writes
 `inference`, `orchestrator` and `trainer` out as TOML and starts each command from its file.
 
-Propagation (done on the raw values before validation, so that each sub-config is validated once, with
-its final values):
+Propagation is one explicit step (`propagate`) on the raw values the user gave, before validation, so
+that each sub-config is validated once, with its final values; no pydantic internals are edited:
 
 ```
  rl: model seq_len max_steps output_dir wandb log transport deterministic router_replay ──► every
@@ -19,7 +19,7 @@ its final values):
  orchestrator.max_off_policy_steps                          ──► trainer.max_off_policy_steps
  trainer.ckpt.interval                                      ──► orchestrator.ckpt.interval (if unset;
                                                                a given one must divide it)
- trainer.num_processes                                      ──► orchestrator.num_train_ranks
+ trainer.num_processes                                      ──► orchestrator.packing.num_train_ranks
  rl shared fields, except transport                         ──► eval_inference (when given)
  eval_inference.server.host/port                            ──► orchestrator.eval.base_urls
  orchestrator.teacher.model (without teacher.base_urls)     ──► teacher_inference.model.path (rl starts
@@ -29,6 +29,9 @@ its final values):
 
 Invariants:
 - after validation every propagated key holds the same value in source and target;
+- the given values are kept (`given_values()`, `explicit_values(cfg)`): they validate into the same config,
+  and a change is a new config built from them (`with_values`; RLConfig is frozen), so shared values
+  and values derived from K propagate again and only given values count as explicit;
 - an explicit value in a target that differs from its source is an error naming both keys (setting the
   same value twice is allowed); an invalid explicit value is left for pydantic to report;
 - all components share one `output_dir`, laid out as: `configs/` (the resolved sub-configs), `logs/`
@@ -39,13 +42,23 @@ This module imports the three component schemas, so a broken schema breaks only 
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from prime_async.config.base import BaseConfig
 from prime_async.config.dicts import KeyPath, lookup, put
@@ -54,8 +67,6 @@ from prime_async.config.interactions import (
     check_rl,
     derive_keep_last,
     derive_lora_slots,
-    keep_last_needed,
-    lora_slots_needed,
 )
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.config.placement import GpusConfig
@@ -100,7 +111,11 @@ class RestartConfig(BaseConfig):
 
 
 class RLConfig(BaseConfig):
-    """`uv run rl @ rl.toml`: shared run settings plus the inference, orchestrator and trainer sections."""
+    """`uv run rl @ rl.toml`: shared run settings plus the inference, orchestrator and trainer sections.
+
+    Frozen: a changed value must propagate again, so a change is a new config (`with_values`)."""
+
+    model_config = ConfigDict(frozen=True)
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model of every component.")
     seq_len: int = Field(2048, ge=8, description="Max tokens of one sample / micro-batch (all components).")
@@ -176,40 +191,33 @@ class RLConfig(BaseConfig):
         "backend = 'sglang'). Its URLs become orchestrator.teacher.base_urls.",
     )
 
-    @model_validator(mode="before")
+    _given: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _propagate(cls, data: Any) -> Any:
+    def _propagate(cls, data: Any, handler: ModelWrapValidatorHandler[RLConfig]) -> RLConfig:
+        """The explicit propagation step: the given values (kept as `given_values()`) are copied into
+        the sections on a raw dict, which is then validated once; a propagated value is never given."""
         if not isinstance(data, dict):
-            return data
-        data = {key: _as_raw(value) for key, value in data.items()}
-        subs = {name: data.get(name, {}) for name in SUBSECTIONS}
-        if not all(isinstance(sub, dict) for sub in subs.values()):
-            return data  # e.g. `inference = "x"`: pydantic reports the section's type
-        subs = {name: dict(sub) for name, sub in subs.items()}
-        for name in SHARED_FIELDS:
-            _propagate_shared(cls, data, subs, name)
-        _propagate_weights(cls, data, subs)
-        _propagate_links(subs)
-        _align_checkpoint_steps(subs)
-        _derive_from_k(data, subs)
-        data.update(subs)
-        _propagate_eval_inference(cls, data)
-        _propagate_teacher_inference(cls, data)
-        return data
+            return handler(data)
+        given = {key: _as_raw(value) for key, value in data.items()}
+        cfg = handler(propagate(cls, copy.deepcopy(given)))
+        cfg._given = given
+        return cfg
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        """Assigning a field re-validates the whole config, so a shared value propagates again.
+    def given_values(self) -> dict[str, Any]:
+        """What the user gave (before propagation): it validates into this same config again."""
+        return copy.deepcopy(self._given)
 
-        (pydantic's own `validate_assignment` would keep the before-validator's sub-sections unvalidated.)
-        """
-        if name not in type(self).model_fields:
-            super().__setattr__(name, value)
-            return
-        data = explicit_values(self)
-        data[name] = value
-        fresh = type(self).model_validate(data)
-        object.__setattr__(self, "__dict__", fresh.__dict__)
-        object.__setattr__(self, "__pydantic_fields_set__", fresh.__pydantic_fields_set__)
+    def __eq__(self, other: object) -> bool:
+        """Equal resolved values: what was given (`given_values`) is provenance, not value."""
+        if not isinstance(other, RLConfig):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in type(self).model_fields)
+
+    def with_values(self, **changes: Any) -> RLConfig:
+        """This config with top-level keys changed, propagated again (the config itself is frozen)."""
+        return type(self).model_validate({**self.given_values(), **changes})
 
     @model_validator(mode="after")
     def _check_interactions(self) -> RLConfig:
@@ -217,47 +225,24 @@ class RLConfig(BaseConfig):
         check_rl(self)
         return self
 
-    @model_validator(mode="after")
-    def _forget_propagated(self) -> RLConfig:
-        """Propagated values count as unset in the sub-configs: `explicit_values(cfg)` re-validates into
-        the same config, and assigning a shared field (`cfg.seq_len = 512`) propagates it again."""
-        for name in SHARED_FIELDS:
-            for sub_name, sub_cls in SUBSECTIONS.items():
-                if name in sub_cls.model_fields:
-                    getattr(self, sub_name).__pydantic_fields_set__.discard(name)
-        for sub_name in WEIGHT_TARGETS:
-            for name in WeightsConfig.model_fields:
-                getattr(self, sub_name).weights.__pydantic_fields_set__.discard(name)
-        subs_raw = {name: getattr(self, name).model_dump() for name in SUBSECTIONS}
-        for target_name, path, _, compute in _links(subs_raw):
-            try:
-                value = compute()
-            except _Unresolved:
-                continue
-            if value is not None:
-                parent = getattr(self, target_name)
-                for segment in path[:-1]:
-                    parent = getattr(parent, segment)
-                parent.__pydantic_fields_set__.discard(path[-1])
-        if self.lora is not None:  # derived slots (`_derive_lora_slots`) follow K again after a change
-            slots = lora_slots_needed(
-                self.orchestrator.max_off_policy_steps, self.orchestrator.weights.update_interval
-            )
-            for inference in (self.inference, self.eval_inference):
-                if inference is not None and inference.max_loaded_loras == slots:
-                    inference.__pydantic_fields_set__.discard("max_loaded_loras")
-        k = self.orchestrator.max_off_policy_steps
-        if self.deterministic and self.trainer.weights.keep_last == keep_last_needed(k):
-            self.trainer.weights.__pydantic_fields_set__.discard("keep_last")  # derived from K
-        if self.eval_inference is not None:
-            for name in SHARED_FIELDS:
-                self.eval_inference.__pydantic_fields_set__.discard(name)
-            self.orchestrator.eval.__pydantic_fields_set__.discard("base_urls")
-        if self.teacher_inference is not None and self.orchestrator.teacher is not None:
-            for name in (*TEACHER_SHARED_FIELDS, "model"):
-                self.teacher_inference.__pydantic_fields_set__.discard(name)
-            self.orchestrator.teacher.__pydantic_fields_set__.discard("base_urls")
-        return self
+
+def propagate(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (raw, given values) with the shared and derived values copied into the sections that
+    take them (the table in the module docstring); an explicit different value is an error."""
+    subs = {name: data.get(name, {}) for name in SUBSECTIONS}
+    if not all(isinstance(sub, dict) for sub in subs.values()):
+        return data  # e.g. `inference = "x"`: pydantic reports the section's type
+    subs = {name: dict(sub) for name, sub in subs.items()}
+    for name in SHARED_FIELDS:
+        _propagate_shared(cls, data, subs, name)
+    _propagate_weights(cls, data, subs)
+    _propagate_links(subs)
+    _align_checkpoint_steps(subs)
+    _derive_from_k(data, subs)
+    data.update(subs)
+    _propagate_eval_inference(cls, data)
+    _propagate_teacher_inference(cls, data)
+    return data
 
 
 # -------------------------------------------------------------------------------------------- raw data
@@ -278,7 +263,10 @@ def _as_raw(value: Any) -> Any:
 
 def explicit_values(model: BaseModel) -> dict[str, Any]:
     """The explicitly set fields of `model`, recursively, plus every union tag (a one-value `Literal`,
-    e.g. `type = "mask"`) so that the dict validates into the same variant again."""
+    e.g. `type = "mask"`) so that the dict validates into the same variant again; of an `RLConfig`, what
+    was given (`given_values`), so that it validates into the same config."""
+    if isinstance(model, RLConfig):
+        return model.given_values()
     out: dict[str, Any] = {}
     for name, info in type(model).model_fields.items():
         is_tag = typing.get_origin(info.annotation) is Literal and len(typing.get_args(info.annotation)) == 1
@@ -356,7 +344,7 @@ def _links(subs: dict[str, dict]) -> list[tuple[str, KeyPath, str, Callable[[], 
          lambda: engine_capacity(inference)),
         ("trainer", ("max_off_policy_steps",), "orchestrator.max_off_policy_steps",
          lambda: resolved(OrchestratorConfig, orchestrator, ("max_off_policy_steps",))),
-        ("orchestrator", ("num_train_ranks",), "trainer.num_processes",
+        ("orchestrator", ("packing", "num_train_ranks"), "trainer.num_processes",
          lambda: resolved(TrainerConfig, trainer, ("num_processes",))),
     ]  # fmt: skip
 

@@ -46,8 +46,9 @@ class Candidate:
 
     def flags(self) -> str:
         return (
-            f"--orchestrator.max_off_policy_steps {self.k} --orchestrator.max_inflight_groups "
-            f"{self.max_inflight_groups} --orchestrator.max_buffered_groups {self.max_buffered_groups}"
+            f"--orchestrator.max_off_policy_steps {self.k} --orchestrator.admission.max_inflight_groups "
+            f"{self.max_inflight_groups} --orchestrator.admission.max_buffered_groups "
+            f"{self.max_buffered_groups}"
         )
 
 
@@ -99,11 +100,13 @@ def simulation_config(cfg: OrchestratorConfig, cand: Candidate, output_dir: str)
     """`cfg` with the candidate's knobs, no checkpoints, eval, teacher or resume (only scheduling counts)."""
     data: dict[str, Any] = cfg.model_dump()
     data.update(
-        output_dir=output_dir, max_steps=SIM_STEPS, max_off_policy_steps=cand.k,
-        max_inflight_groups=cand.max_inflight_groups, max_buffered_groups=cand.max_buffered_groups,
-        resume=False, teacher=None, max_dropped_groups_per_step=10_000,
-        fail_fast_groups=0,
-    )  # fmt: skip
+        output_dir=output_dir, max_steps=SIM_STEPS, max_off_policy_steps=cand.k, resume=False, teacher=None
+    )
+    data["admission"] = {
+        **data["admission"], "max_inflight_groups": cand.max_inflight_groups,
+        "max_buffered_groups": cand.max_buffered_groups, "max_dropped_groups_per_step": 10_000,
+        "fail_fast_groups": 0,
+    }  # fmt: skip
     data["ckpt"] = {**data["ckpt"], "interval": None}
     data["eval"] = {}
     data["inference"] = {**data["inference"], "base_urls": [f"sim://engine{i}" for i in range(cand.engines)]}

@@ -29,7 +29,7 @@ from prime_async.utils.monitor import read_jsonl
 RATIO_PREFIX = "rollout/data_staleness/ratio_"
 KNOB_FLAGS = tuple(  # the knobs a candidate sets, as the user may have spelled them
     f"--orchestrator.{spelled}"
-    for name in ("max_off_policy_steps", "max_inflight_groups", "max_buffered_groups")
+    for name in ("max_off_policy_steps", "admission.max_inflight_groups", "admission.max_buffered_groups")
     for spelled in (name, name.replace("_", "-"))
 )
 
