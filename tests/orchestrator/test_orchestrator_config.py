@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from prime_async.config.loader import load_config
+from prime_async.config.loader import ConfigError, load_config
 from prime_async.config.orchestrator import OrchestratorConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,3 +62,19 @@ def test_negative_k_and_unknown_keys_rejected():
 def test_every_orchestrator_toml_parses(path: Path):
     cfg = load_config(OrchestratorConfig, ["@", str(path)])
     assert cfg.resolved_max_buffered_groups >= cfg.batch_groups
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("max_buffered_groups", "admission.max_buffered_groups"), ("unused_handler", "admission.unused_handler"),
+     ("num_train_ranks", "packing.num_train_ranks"), ("share_prompt_prefix", "packing.share_prompt_prefix")],
+)  # fmt: skip
+def test_keys_moved_into_sections_name_their_new_key(old: str, new: str, tmp_path: Path) -> None:
+    """Given at its old place, a key is refused with one line naming the new key: by the loader (file
+    keys and flags) and by the schema (Python construction)."""
+    with pytest.raises(ValidationError, match=re.escape(f"{old} moved to {new}")):
+        OrchestratorConfig.model_validate({old: 1})
+    path = tmp_path / "o.toml"
+    path.write_text(f"{old} = 1\n")
+    with pytest.raises(ConfigError, match=re.escape(f"did you mean '{new}'")):
+        load_config(OrchestratorConfig, ["@", str(path)])
