@@ -213,7 +213,7 @@ class RLConfig(BaseConfig):
         """Equal resolved values: what was given (`given_values`) is provenance, not value."""
         if not isinstance(other, RLConfig):
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in type(self).model_fields)
+        return dict(self) == dict(other)
 
     def with_values(self, **changes: Any) -> RLConfig:
         """This config with top-level keys changed, propagated again (the config itself is frozen)."""
