@@ -80,17 +80,11 @@ def test_the_orchestrator_stays_a_small_part_of_the_code():
     assert share < 0.15, f"orchestrator/ is {share:.1%} of the code; move what is not the run loop below it"
 
 
-# Packages whose module cycle another part of issue 38 is breaking (config/: the config sections). Remove
-# a package from here when its cycle is gone; no other package may gain one.
-CYCLES_BEING_BROKEN = frozenset({"config"})
-
-
 def test_no_module_cycle_in_any_package():
     found = hygiene_figures().package_module_cycles()
     assert "orchestrator" in found and "trainer" in found, "the package list misses packages"
     cyclic = {p: [" <-> ".join(c) for c in comps] for p, comps in found.items() if comps}
-    unexpected = {p: c for p, c in cyclic.items() if p not in CYCLES_BEING_BROKEN}
-    assert not unexpected, f"module import cycles inside packages: {unexpected}"
+    assert not cyclic, f"module import cycles inside packages: {cyclic}"
 
 
 def _doc_lines(doc: Path) -> list[str]:
