@@ -57,10 +57,12 @@ class Flag(NamedTuple):
 
 def parse_config(
     cls: type[T], argv: Sequence[str] | None = None, *, prog: str | None = None,
-    check: Callable[[T], None] | None = None,
+    check: Callable[[T], None] | None = None, lint: Callable[[T], list[str]] | None = None,
 ) -> T:  # fmt: skip
     """`argv` (default sys.argv[1:]) -> `cls`; `--help`/`--dry-run` exit 0, errors exit 2 with one line.
-    `check(cfg)` (what the schema cannot see) runs before `--dry-run` prints; its ValueError is one line."""
+    `check(cfg)` (what the schema cannot see) runs before `--dry-run` prints; its ValueError is one line.
+    `lint(cfg)`: warning lines `--dry-run` prints after the TOML, as `WARNING ...` on stderr (stdout stays
+    the TOML, loadable as is; `config/lint.py`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or Path(sys.argv[0]).name
     if any(arg in ("-h", "--help") for arg in argv):
@@ -74,7 +76,9 @@ def parse_config(
         print(f"{prog}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if "--dry-run" in argv:
-        print(dump_toml(cfg), end="")
+        print(dump_toml(cfg), end="", flush=True)
+        for line in lint(cfg) if lint is not None else []:
+            print(f"WARNING {line}", file=sys.stderr)
         raise SystemExit(0)
     return cfg
 

@@ -10,7 +10,7 @@ Invariants checked at validation time, each by the small validator next to the s
 error names the TOML key and the fix):
 - `check_admission`: `admission.max_buffered_groups >= batch_groups`; `weights.update_interval <=
   max_off_policy_steps + 1` (otherwise admission could wait for a version never loaded: a deadlock); a
-  warning (not an error) when `max_off_policy_steps + 1 < ceil(max_buffered_groups / batch_groups)`;
+  buffer deeper than K + 1 batches only warns (`lint.py`, lint/buffer-deeper-than-k);
 - `check_envs`: the training environments are the list `envs` (the loader rewrites the one-table
   shorthand `[env]` to `envs = [env]`, `shorthands`), names unique; no trained `top_p < 1`;
 - `OrchestratorEvalConfig`: unique `eval.envs` names; `eval.placement = "shared"` takes no
@@ -23,7 +23,6 @@ Derived defaults (`resolved_*` properties) follow DESIGN.md; this module never i
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -42,9 +41,6 @@ from prime_async.config.shared import (
     WandbConfig,
     WeightsConfig,
 )
-
-logger = logging.getLogger(__name__)
-
 
 MOVED_KEYS = {  # old key -> its key now: each gives a one-line error naming the new key
     "pause_mode": "weights.pause_mode",
@@ -184,8 +180,8 @@ class AdmissionConfig(BaseConfig):
 
 
 def check_admission(cfg: OrchestratorConfig) -> None:
-    """`admission` against K and the batch: the buffer holds a batch, every awaited version is loaded;
-    a warning when the buffer is larger than the landing rule can ever fill."""
+    """`admission` against K and the batch: the buffer holds a batch, every awaited version is loaded
+    (a buffer larger than the landing rule can ever fill is a warning of `lint.py`)."""
     buffered = cfg.resolved_max_buffered_groups
     if buffered < cfg.batch_groups:
         raise ValueError(
@@ -198,17 +194,6 @@ def check_admission(cfg: OrchestratorConfig) -> None:
             f"weights.update_interval ({cfg.weights.update_interval}) > max_off_policy_steps + 1 "
             f"({cfg.max_off_policy_steps + 1}): admission would wait for a version never loaded; lower "
             "weights.update_interval or raise max_off_policy_steps"
-        )
-    # Admission's landing rule (orchestrator/shipping.py) never lets more than K + 1 batches of groups
-    # live: a larger buffer is never filled.
-    batches = math.ceil(buffered / cfg.batch_groups)
-    if cfg.max_off_policy_steps + 1 < batches and not cfg.deterministic:
-        logger.warning(
-            "max_off_policy_steps + 1 (%d) < ceil(admission.max_buffered_groups / batch_groups) (%d): "
-            "admission never holds more than K + 1 batches of groups (a group is admitted only if the batch "
-            "it lands in is within K of the served version), so the buffer beyond that stays empty",
-            cfg.max_off_policy_steps + 1,
-            batches,
         )
 
 

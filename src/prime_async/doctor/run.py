@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from prime_async.config.lint import lint_rl
 from prime_async.config.rl import RLConfig
 from prime_async.doctor import checks
 from prime_async.doctor.checks import CheckResult
@@ -72,6 +73,8 @@ def diagnose(
 
 
 def doctor(cfg: RLConfig, rl_argv: list[str], out_dir: Path, opts: DoctorOptions) -> tuple[str, bool]:
-    """The report and whether every check that ran passed."""
+    """The report (with the config lint's warnings) and whether every check that ran passed (a lint
+    warning never fails it)."""
     rows = diagnose(cfg, rl_argv, out_dir, opts)
-    return render(rows), not any(r.passed is False for _, r in rows)
+    warnings = [finding.line() for finding in lint_rl(cfg)]
+    return render(rows, warnings), not any(r.passed is False for _, r in rows)

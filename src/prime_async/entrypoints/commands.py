@@ -16,6 +16,7 @@ only its own config schema; a rank process of torchrun (`trainer`, `sft`) never 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from prime_async.config.loader import parse_config
 from prime_async.entrypoints.common import run_component, setup_logging
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from prime_async.config.base import BaseConfig
@@ -38,6 +41,8 @@ class Command:
     docstring).
 
     `check(cfg)` runs after validation, before `--dry-run` prints (what the schema cannot see);
+    `lint` names a `config/lint.py` function: its warnings follow `--dry-run`'s TOML, and with `log_lint`
+    are logged at start, never stopping (`rl` and the orchestrator; not each trainer rank);
     `prepare(cfg, argv)` runs after logging is set up, before `run` (it may re-exec the process);
     `rank_process`: under torchrun the process dies with its parent agent."""
 
@@ -45,6 +50,8 @@ class Command:
     config: str
     run: str
     check: Callable[[Any], None] | None = None
+    lint: str | None = None
+    log_lint: bool = False
     prepare: Callable[[Any, list[str]], None] | None = None
     rank_process: bool = False
 
@@ -56,14 +63,21 @@ class Command:
             # nothing else would end this rank, and it would go on training beside the restarted one
             die_with_parent()
         args = list(sys.argv[1:] if argv is None else argv)
-        cfg = parse_config(self.config_class(), args, prog=self.name, check=self.check)
+        lint = self.lint_lines if self.lint is not None else None
+        cfg = parse_config(self.config_class(), args, prog=self.name, check=self.check, lint=lint)
         setup_logging(cfg.log, component=self.name)
+        for line in lint(cfg) if lint is not None and self.log_lint else []:
+            logger.warning(line)
         if self.prepare is not None:
             self.prepare(cfg, args)
         run_component(self.run_function(), cfg, component=self.name)
 
     def config_class(self) -> type[BaseConfig]:
         return resolve_name(f"prime_async.{self.config}")
+
+    def lint_lines(self, cfg: Any) -> list[str]:
+        """The lint's warnings about `cfg` (`config/lint.py`), one line each."""
+        return [finding.line() for finding in resolve_name(f"prime_async.config.lint:{self.lint}")(cfg)]
 
     def run_function(self) -> Callable[[Any], Any]:
         return resolve_name(f"prime_async.{self.run}")
@@ -113,6 +127,8 @@ COMMANDS: dict[str, Command] = {
             "config.orchestrator:OrchestratorConfig",
             "orchestrator.main:run",
             check=check_transport_keys("server"),
+            lint="lint_orchestrator",
+            log_lint=True,
         ),
         Command(
             "trainer",
@@ -120,8 +136,11 @@ COMMANDS: dict[str, Command] = {
             "trainer.train:run",
             rank_process=True,
             check=check_transport_keys("client"),
+            lint="lint_trainer",
         ),
-        Command("rl", "config.rl:RLConfig", "launcher:run", check=check_run_envs),
+        Command(
+            "rl", "config.rl:RLConfig", "launcher:run", check=check_run_envs, lint="lint_rl", log_lint=True
+        ),
         Command("eval", "config.eval:EvalConfig", "launcher.eval_command:run"),
         Command("export-lora", "config.export:ExportLoraConfig", "trainer.export:run"),
         Command("export-megatron", "config.export:ExportMegatronConfig", "trainer.megatron.export:run"),
