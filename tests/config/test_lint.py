@@ -3,6 +3,7 @@ config under configs/ is quiet, `doctor`'s report lists the warnings, and `rl --
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -152,3 +153,18 @@ def test_rl_dry_run_prints_the_warnings_after_the_toml(tmp_path: Path) -> None:
         "WARNING lint/group-size-one",
         "WARNING lint/multi-step-offpolicy",
     ]
+
+
+def test_rl_logs_the_warnings_at_start_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prime_async.entrypoints import commands
+
+    started: list[object] = []
+    monkeypatch.setattr(commands, "setup_logging", lambda log, component: None)  # keep pytest's handlers
+    monkeypatch.setattr(commands, "run_component", lambda run, cfg, component: started.append(cfg))
+    (tmp_path / "bad.toml").write_text("[orchestrator]\ngroup_size = 1\n")
+    with caplog.at_level(logging.WARNING, logger="prime_async.entrypoints.commands"):
+        commands.COMMANDS["rl"](["@", str(tmp_path / "bad.toml")])
+    assert len(started) == 1  # the run starts anyway
+    assert [r.message.split(":")[0] for r in caplog.records] == ["lint/group-size-one"]

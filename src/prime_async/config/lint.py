@@ -2,9 +2,10 @@
 
 A refusal (a combination whose semantics cannot hold) belongs to `interactions.py` or the orchestrator's
 validators; a rule here only warns, and never for a combination those already refuse. Who calls it:
-`doctor` (rows of its report), `rl --dry-run` (WARNING lines after the TOML) and every command at start
-(`entrypoints/commands.py`: logged, never stopping), for `rl` and for the standalone orchestrator and
-trainer configs (each rule reads one component's keys; `lint_rl` runs both components' rules).
+`doctor` (lines under its report), `--dry-run` of `rl`, `orchestrator` and `trainer` (WARNING lines on
+stderr after the TOML) and the start of `rl` and `orchestrator` (`entrypoints/commands.py`: logged, never
+stopping). Each rule reads one component's keys, so it runs on that standalone config too; `lint_rl` runs
+both components' rules. Rules and examples: docs/async-knobs.md, "Configuration lint".
 
 Invariants:
 - every rule is a pure function of a validated config; nothing here imports torch or starts anything;
