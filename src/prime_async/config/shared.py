@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from prime_async.config.base import BaseConfig
+from prime_async.config.probe import WeightProbeConfig
 from prime_async.types import PauseMode, WeightTransport
 
 
@@ -175,6 +176,11 @@ class WeightsConfig(BaseConfig):
         description="How long trainer rank 0 waits for the engines to meet it in one weight-group join. "
         "Shorter than `timeout_s`: a join the orchestrator gave up on (an engine died meanwhile) must not "
         "hold the trainer's control thread past the orchestrator's next join request.",
+    )
+
+    probe: WeightProbeConfig = Field(
+        default_factory=WeightProbeConfig,
+        description="The check after every weight load: a fixed probe scored on the engines vs the trainer.",
     )
 
     def resolved_control_port(self, transport: TransportConfig) -> int:

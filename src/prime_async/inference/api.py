@@ -60,7 +60,13 @@ class GenerateReqInput(_Strict):
     sampling_params: SamplingParamsIn | list[SamplingParamsIn] | None = None
     return_logprob: bool | list[bool] = False
     logprob_start_len: int | list[int] = -1
-    top_logprobs_num: Literal[0] = 0
+    top_logprobs_num: int = Field(
+        0,
+        ge=0,
+        description="Scoring requests (max_new_tokens = 0): `meta_info.input_top_logprobs`, the top-n "
+        "[logprob, token_id, null] of each position from logprob_start_len (SGLang's field; n >= the "
+        "vocabulary: all of it). Generation requests: 0 only.",
+    )
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
     stream: Literal[False] = False
@@ -257,10 +263,12 @@ def score_response(
     rid: str | None,
     weight_version: str,
     latency_s: float,
+    tops: list[list[tuple[float, int]] | None] | None = None,
 ) -> dict[str, Any]:
     """SGLang's answer to a scoring request (`max_new_tokens = 0`): no output, and with `return_logprob`
     `meta_info.input_token_logprobs` items `[logprob, token_id, null]` for positions `start`.. of the
-    prompt (the first position's logprob is null); `start` = -1: none."""
+    prompt (the first position's logprob is null); `start` = -1: none. `tops` (per position, or None):
+    `meta_info.input_top_logprobs` for the same positions, each a list of `[logprob, token_id, null]`."""
     meta: dict[str, Any] = {
         "id": rid or "",
         "finish_reason": {"type": "length", "length": 0},
@@ -276,4 +284,8 @@ def score_response(
         meta["input_token_logprobs"] = [
             [lp, t, None] for lp, t in zip(logprobs[start:], prompt[start:], strict=True)
         ]
+        if tops is not None:
+            meta["input_top_logprobs"] = [
+                None if top is None else [[lp, t, None] for lp, t in top] for top in tops[start:]
+            ]
     return {"output_ids": [], "meta_info": meta}

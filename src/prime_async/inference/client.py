@@ -91,6 +91,11 @@ def parse_routed_experts(meta: dict[str, Any]):
     return np.frombuffer(base64.b64decode(raw), dtype=np.int32)
 
 
+def _top_maps(meta: dict[str, Any]) -> list[dict[int, float]]:
+    """`meta_info.input_top_logprobs` as one {token id: logprob} per position ({} for a null entry)."""
+    return [{int(t): float(lp) for lp, t, *_ in top or []} for top in meta["input_top_logprobs"]]
+
+
 class HttpEngineClient:
     """One engine at `base_url` (e.g. http://127.0.0.1:30000)."""
 
@@ -165,14 +170,23 @@ class HttpEngineClient:
         `logprob_start_len`), one batched `/generate`: per sequence, the logprob of each token from
         `starts[i]` (>= 1) on given the tokens before it. An answer not in SGLang's shape (not JSON, no
         `meta_info`, other tokens) raises EngineError."""
+        return [lps for lps, _ in await self.score_top(sequences, starts, 0, temperature=temperature)]
+
+    async def score_top(
+        self, sequences: list[list[int]], starts: list[int], top_n: int, *, temperature: float = 1.0
+    ) -> list[tuple[list[float], list[dict[int, float]]]]:
+        """`score`, and with `top_n` > 0 (SGLang's `top_logprobs_num`) the top-n {token id: logprob} of each
+        of the same positions (`meta_info.input_top_logprobs`; [] for each sequence when top_n = 0)."""
         if any(start < 1 for start in starts):
             raise ValueError(f"score: every start must be >= 1 (token 0 has no logprob), got {starts}")
-        payload = {
+        payload: dict[str, Any] = {
             "input_ids": [list(s) for s in sequences],
             "sampling_params": {"max_new_tokens": 0, "temperature": temperature},
             "return_logprob": True,
             "logprob_start_len": list(starts),
         }
+        if top_n > 0:
+            payload["top_logprobs_num"] = top_n
         resp = await self._post("/generate", payload, admin=False)
         try:
             answers = resp.json()
@@ -181,6 +195,7 @@ class HttpEngineClient:
             pairs = [
                 [(it[0], it[1]) for it in a["meta_info"].get("input_token_logprobs") or []] for a in answers
             ]
+            tops = [_top_maps(a["meta_info"]) if top_n > 0 else [] for a in answers]
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:  # not SGLang's shape
             raise EngineError(resp.status_code, "/generate", f"malformed scoring answer ({type(e).__name__}: "
                               f"{e}): {resp.text[:200]!r}") from None  # fmt: skip
@@ -191,7 +206,7 @@ class HttpEngineClient:
                 raise EngineError(200, "/generate", f"scoring answered {len(items)} logprobs for positions "
                                   f"{start}..{len(seq) - 1} that do not match the tokens sent")  # fmt: skip
             out.append([float(lp) for lp, _ in items])
-        return out
+        return list(zip(out, tops, strict=True))
 
     async def pause_generation(self, mode: EnginePauseMode) -> None:
         await self._post("/pause_generation", {"mode": mode})

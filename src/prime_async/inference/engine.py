@@ -193,6 +193,14 @@ class Engine:
         scored = await self._call(lambda: self.runner.score(prompts, temperatures))
         return [[None, *lps] for lps in scored]
 
+    async def score_top(
+        self, prompts: list[list[int]], temperatures: list[float], top_n: int
+    ) -> list[tuple[list[float | None], list[list[tuple[float, int]] | None]]]:
+        """`score`, with the `top_n` most likely (logprob, token id) of every position (None for the
+        first), SGLang's `input_top_logprobs`."""
+        scored = await self._call(lambda: self.runner.score_top(prompts, temperatures, top_n))
+        return [([None, *lps], [None, *tops]) for lps, tops in scored]
+
     async def load_lora_adapter(self, name: str, path: str) -> list[str]:
         """Read, validate and register adapter `name` (`engine_adapters.py`); returns the loaded names.
         ValueError on a bad adapter, a taken name or a full registry (nothing changes then)."""

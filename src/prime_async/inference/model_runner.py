@@ -471,12 +471,26 @@ class ModelRunner:
         """Prefill-only scoring: for each prompt, log_softmax(logits / T)[token] of every token from
         position 1 on given the tokens before it (temperature 0 counts as 1, as in sampling). Nothing is
         cached: the running requests' slots are untouched. The base model (no adapter)."""
+        return [lps for lps, _ in self.score_top(prompts, temperatures, 0)]
+
+    @torch.inference_mode()
+    def score_top(
+        self, prompts: list[list[int]], temperatures: list[float], top_n: int
+    ) -> list[tuple[list[float], list[list[tuple[float, int]]]]]:
+        """`score`, and per prompt the `top_n` most likely (logprob, token id) of every position from 1
+        on, most likely first (SGLang's `input_top_logprobs`; top_n >= the vocabulary: all of it)."""
         h = self._forward_prompts(prompts, None, None)
-        out: list[list[float]] = []
+        out = []
         for part, prompt, temp in zip(h.split([len(p) for p in prompts]), prompts, temperatures, strict=True):
             logits = self._logits(part[:-1]) / (temp if temp > 0 else 1.0)
             targets = torch.tensor(prompt[1:], device=self.device)[:, None]
-            out.append(torch.log_softmax(logits, dim=-1).gather(1, targets)[:, 0].tolist())
+            lp = torch.log_softmax(logits, dim=-1)
+            tops: list[list[tuple[float, int]]] = []
+            if top_n > 0:
+                top = lp.topk(min(top_n, lp.shape[-1]), dim=-1)
+                pairs = zip(top.values.tolist(), top.indices.tolist(), strict=True)
+                tops = [list(zip(v, i, strict=True)) for v, i in pairs]
+            out.append((lp.gather(1, targets)[:, 0].tolist(), tops))
         return out
 
     def _forward_prompts(

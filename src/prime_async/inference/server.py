@@ -81,21 +81,27 @@ def _check_prompts(engine: Engine, items: list) -> None:
             raise ValueError(f"stop_token_ids: {bad_stop[0]} out of vocabulary [0, {engine.vocab_size})")
 
 
-async def _score(engine: Engine, items: list, starts: list[int]) -> list[dict[str, Any]]:
+async def _score(engine: Engine, items: list, starts: list[int], top_n: int = 0) -> list[dict[str, Any]]:
     """The `max_new_tokens = 0` items of a request: prompt logprobs from `logprob_start_len` on, one
-    forward for all of them (SGLang's scoring request: no output token)."""
+    forward for all of them (SGLang's scoring request: no output token); `top_n` > 0: with the top-n
+    of each position (`input_top_logprobs`)."""
     if not items:
         return []
     t0 = time.monotonic()
     version = engine.weight_version
-    logprobs = await engine.score([p for p, _, _, _ in items], [sp.temperature for _, sp, _, _ in items])
+    prompts, temps = [p for p, _, _, _ in items], [sp.temperature for _, sp, _, _ in items]
+    if top_n > 0:
+        scored = await engine.score_top(prompts, temps, top_n)
+    else:
+        scored = [(lps, None) for lps in await engine.score(prompts, temps)]
     latency = time.monotonic() - t0
     return [
         score_response(
-            prompt, lps, start if return_logprob else -1, rid=rid, weight_version=version, latency_s=latency
+            prompt, lps, start if return_logprob else -1, rid=rid, weight_version=version, latency_s=latency,
+            tops=tops,
         )
-        for (prompt, _, return_logprob, rid), lps, start in zip(items, logprobs, starts, strict=True)
-    ]
+        for (prompt, _, return_logprob, rid), (lps, tops), start in zip(items, scored, starts, strict=True)
+    ]  # fmt: skip
 
 
 def build_app(
@@ -146,7 +152,10 @@ def _add_generation_routes(app: FastAPI, engine: Engine, run_id: str | None = No
         loras = req.loras(len(items))
         scored = [i for i, (_, sp, _, _) in enumerate(items) if sp.max_new_tokens == 0]
         starts = req.logprob_starts(len(items))
-        scores = await _score(engine, [items[i] for i in scored], [starts[i] for i in scored])
+        if req.top_logprobs_num > 0 and len(scored) < len(items):
+            raise ValueError("top_logprobs_num is served for scoring requests (max_new_tokens = 0) only")
+        top_n = req.top_logprobs_num
+        scores = await _score(engine, [items[i] for i in scored], [starts[i] for i in scored], top_n)
         outs = await asyncio.gather(
             *(
                 engine.generate(

@@ -38,6 +38,7 @@ from prime_async.rollouts.teacher import TeacherScorer
 from prime_async.rollouts.types import RolloutSource
 from prime_async.utils.stall import StallWatch
 from prime_async.weights.loaders.base import WeightLoader
+from prime_async.weights.probe_check import WeightProbe
 from prime_async.weights.request_gate import RequestGate
 from prime_async.weights.watcher import UpdateSignal, WeightWatcher
 from prime_async.weights.watcher_peers import WatcherSettings
@@ -84,6 +85,7 @@ class ComponentInputs:
     signal: UpdateSignal | None = None
     teacher: TeacherScorer | None = None
     episode_log: EpisodeLog | None = None
+    probe: WeightProbe | None = None
 
 
 def build_env_mix(cfg: OrchestratorConfig, sources: Mapping[str, RolloutSource]) -> EnvMix:
@@ -164,7 +166,7 @@ def _watcher(
     return WeightWatcher(
         engines=inputs.engines, loader=inputs.loader, admission=admission, groups=groups, settings=settings,
         clock=inputs.clock, schedule=schedule, request_gate=inputs.request_gate, stalls=inputs.stalls,
-        signal=inputs.signal,
+        signal=inputs.signal, probe=inputs.probe,
     )  # fmt: skip
 
 

@@ -40,6 +40,7 @@ from prime_async.rollouts.types import RolloutSource
 from prime_async.transport.types import TrainBatch
 from prime_async.utils.stall import StallWatch
 from prime_async.weights.loaders.base import WeightLoader
+from prime_async.weights.probe_check import WeightProbe
 from prime_async.weights.request_gate import RequestGate
 from prime_async.weights.watcher import UpdateSignal
 
@@ -82,6 +83,7 @@ class LifetimeIO:
     monitor: Monitor
     sender: BatchSender
     stalls: StallWatch
+    probe: WeightProbe | None = None  # the check after every weight load (weights/probe_check.py)
 
     async def close(self) -> None:
         self.stalls.stop()
@@ -111,7 +113,8 @@ def _open(cfg: OrchestratorConfig) -> LifetimeIO:
         inf.base_urls, inf.api_key, lora=cfg.lora is not None, routed_experts=cfg.router_replay
     )
     signal, gate = UpdateSignal(), RequestGate()
-    control, loader = build_control(cfg, signal)
+    probe = _weight_probe(cfg, engines)
+    control, loader = build_control(cfg, signal, on_probe=probe.remember if probe is not None else None)
     sources = build_sources(
         list(cfg.envs), engines, model_path=cfg.model.path, seq_len=cfg.seq_len, gate=gate
     )
@@ -121,7 +124,18 @@ def _open(cfg: OrchestratorConfig) -> LifetimeIO:
     stalls = StallWatch(
         component="orchestrator", output_dir=cfg.output_dir, stall_after_s=cfg.log.stall_after_s
     ).start()
-    return LifetimeIO(engines, signal, gate, control, loader, sources, monitor, sender, stalls)
+    return LifetimeIO(engines, signal, gate, control, loader, sources, monitor, sender, stalls, probe)
+
+
+def _weight_probe(cfg: OrchestratorConfig, engines: list[EngineClient]) -> WeightProbe | None:
+    """The weight probe over the engines (`weights.probe`); None when off, for LoRA runs (the engines
+    score the base model), or when an engine is not an HTTP engine (a test double)."""
+    from prime_async.inference.client import HttpEngineClient
+
+    scorers = [e for e in engines if isinstance(e, HttpEngineClient)]
+    if not cfg.weights.probe.enabled or cfg.lora is not None or len(scorers) != len(engines):
+        return None
+    return WeightProbe(cfg.weights.probe, scorers)
 
 
 async def _run_lifetime(cfg: OrchestratorConfig, stop: asyncio.Event) -> None:
@@ -162,7 +176,7 @@ async def _start(cfg: OrchestratorConfig, io: LifetimeIO, stack: contextlib.Asyn
     served = min(versions)
     inputs = ComponentInputs(
         source=io.sources, engines=io.engines, loader=io.loader, served_version=served, request_gate=io.gate,
-        stalls=io.stalls, signal=io.signal, teacher=teacher, episode_log=episode_log,
+        stalls=io.stalls, signal=io.signal, teacher=teacher, episode_log=episode_log, probe=io.probe,
     )  # fmt: skip
     comps = build_components(cfg, inputs)
     io.stalls.describe = functools.partial(stall_state, comps, io.sources, io.control)

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from prime_async.config.trainer import TrainerConfig
-from prime_async.trainer import ckpt, lora
+from prime_async.trainer import ckpt, lora, probe_reference
 from prime_async.trainer.loss import LossFn, build_loss_fn
 from prime_async.trainer.mini_batches import OffPolicyClock, plan_mini_batches
 from prime_async.trainer.optim import build_optimizer, build_scheduler
@@ -287,6 +287,9 @@ class FsdpBackend:
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         return ckpt.full_model_state_dict(self.model)  # collective under FSDP; every rank gets it
+
+    def probe_logits(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        return probe_reference.probe_logits(self.model, sequences)
 
     def lora_adapter(self) -> tuple[object, dict[str, torch.Tensor]] | None:
         """(PEFT config, adapter tensors in PEFT file naming) with LoRA, else None. Collective."""

@@ -35,12 +35,14 @@ from prime_async.trainer.backend import TrainBackend
 from prime_async.trainer.ckpt import checkpoint_steps, latest_checkpoint
 from prime_async.trainer.opd import apply_teacher_advantage
 from prime_async.trainer.packed_rows import samples_with_loss
+from prime_async.trainer.probe_reference import ProbeBuilder
 from prime_async.trainer.step_metrics import build_monitor, log_step, timing_metrics
 from prime_async.trainer.token_stats import reduce_device
 from prime_async.transport.zmq_batches import BatchReceiver, RankBatch
 from prime_async.utils.devices import cuda_device_count
 from prime_async.utils.mem_fraction import apply_mem_fraction
 from prime_async.utils.stall import StallWatch
+from prime_async.weights.probe import ProbeReference
 from prime_async.weights.publishers import WeightPublisher, Weights, build_publisher
 from prime_async.weights.writer import BroadcastWriter
 
@@ -132,6 +134,7 @@ class Trainer:
         torch.set_num_threads(cfg.threads or (1 if self.device.type == "cpu" else torch.get_num_threads()))
         torch.manual_seed(cfg.seed)
         self.backend = build_backend(cfg, self.device, self.world_size)
+        self._probe: ProbeBuilder | None = None  # the weight probe, built at the first publish
         self.step = self._maybe_resume()
         self.publisher = self._build_publisher() if self.rank == 0 else None
         self.monitor = build_monitor(cfg, name=self.metrics_name) if self.rank == 0 else None
@@ -196,10 +199,24 @@ class Trainer:
         state = self.backend.hf_state_dict()
         return Weights(state) if state is not None else None
 
+    def probe_reference(self) -> ProbeReference | None:
+        """The weight probe's reference of the current parameters (collective; `weights/probe.py`), None
+        when the probe is off, for LoRA runs (engines score the base model) or a backend without it."""
+        probe = self.cfg.weights.probe
+        if not probe.enabled or self.cfg.lora is not None:
+            return None
+        if self._probe is None:
+            self._probe = ProbeBuilder.from_model_path(probe, self.cfg.model.path)
+        logits = self.backend.probe_logits(self._probe.sequences)
+        return self._probe.reference(logits) if logits is not None else None
+
     def publish(self, version: int) -> None:
+        reference = self.probe_reference()  # collective; the parameters being published
         weights = self.collect_weights()  # collective over all ranks
         if self.publisher is not None:  # rank 0; announced on the control channel
             assert weights is not None, "the backend returned no weights on rank 0"
+            if reference is not None:
+                self.publisher.attach_probe(version, reference)
             protected = checkpoint_steps(self.cfg.output_dir, warn=False)
             interval = self.cfg.ckpt.interval
             on_disk = version == self.cfg.max_steps or (interval is not None and version % interval == 0)

@@ -44,6 +44,7 @@ from prime_async.config.shared import TransportConfig
 from prime_async.transport.curve import check_keys, secure_client, secure_server
 from prime_async.transport.wire import WireError
 from prime_async.types import WeightTransport
+from prime_async.weights.probe import ProbeReference
 from prime_async.weights.shared_wire import SharedVersion
 from prime_async.weights.tensor_meta import TensorMeta
 
@@ -67,6 +68,7 @@ class Published(msgspec.Struct, tag="published", frozen=True):
     version: int
     transport: WeightTransport
     buckets: list[list[TensorMeta]] = []
+    probe: ProbeReference | None = None  # the trainer's logprobs of the weight probe (`weights/probe.py`)
 
 
 class JoinGroup(msgspec.Struct, tag="join_group", frozen=True):

@@ -64,6 +64,7 @@ from prime_async.utils.stall import StallWatch, waiting
 from prime_async.weights.engine_outage import EngineOutage
 from prime_async.weights.inplace_flush import InPlaceFlush
 from prime_async.weights.loaders.base import VersionGone, WeightLoader
+from prime_async.weights.probe_check import WeightProbe
 from prime_async.weights.request_gate import RequestGate
 from prime_async.weights.update_gates import UpdateGates
 from prime_async.weights.watcher_peers import Admission, Drainable, LoadSchedule, WatcherSettings
@@ -124,8 +125,10 @@ class WeightWatcher:
         schedule: LoadSchedule | None = None,
         stalls: StallWatch | None = None,
         signal: UpdateSignal | None = None,
+        probe: WeightProbe | None = None,
     ):
         self.engines = list(engines)
+        self.probe = probe  # the check after every load (probe_check.py), run once generation resumed
         self.loader = loader  # weights/loaders/: where versions come from, how they reach the engines
         self.admission = admission
         self.groups = groups
@@ -268,6 +271,8 @@ class WeightWatcher:
         logger.info("weights v%d loaded into %d engine(s) (%s)", version, len(self.engines), self.pause_mode)
         if self.pause_mode == "in_place":
             await self.flush.flush_when_idle()
+        if self.probe is not None:
+            await self.probe.check(version)  # concurrent with generation; before the next update
 
     async def _pause(self, version: int) -> int:
         """Step 2: pause the engines, or drain (hold admission, wait until no episode is in flight).
@@ -312,4 +317,5 @@ class WeightWatcher:
 
     def metrics(self) -> dict[str, float]:
         """Weight updates and outages since the last call (then reset), and the served version."""
-        return {**self.stats.window(self.served_version), **self.outage.metrics()}
+        probe = self.probe.metrics() if self.probe is not None else {}
+        return {**self.stats.window(self.served_version), **self.outage.metrics(), **probe}

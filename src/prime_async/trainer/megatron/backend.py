@@ -360,6 +360,10 @@ class MegatronBackend:
         """Full HF-named weights on global rank 0 (None elsewhere); every rank must call it."""
         return export_hf_state_dict(self.model, self.hf_config, self.cfg)
 
+    def probe_logits(self, sequences: list[list[int]]) -> list[torch.Tensor] | None:
+        """None: the weight probe (`weights/probe.py`) is not wired for Megatron's model."""
+        return None
+
     def pretrained_config(self):
         from transformers import AutoConfig
 

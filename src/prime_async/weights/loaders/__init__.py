@@ -26,6 +26,7 @@ from prime_async.weights.loaders.distributed import DistributedLoader
 from prime_async.weights.loaders.filesystem import FilesystemLoader
 from prime_async.weights.loaders.lora import LoraLoader
 from prime_async.weights.loaders.shared import SharedLoader
+from prime_async.weights.probe import ProbeReference
 
 if TYPE_CHECKING:
     from prime_async.config.orchestrator import OrchestratorConfig
@@ -64,10 +65,12 @@ def build_loader(cfg: OrchestratorConfig, control: ControlServer) -> WeightLoade
     return LOADERS[cfg.weights.transport](cfg, control, keep)
 
 
-def build_control(cfg: OrchestratorConfig, signal: Wakeup) -> tuple[ControlServer, WeightLoader]:
+def build_control(
+    cfg: OrchestratorConfig, signal: Wakeup, on_probe: Callable[[int, ProbeReference], None] | None = None
+) -> tuple[ControlServer, WeightLoader]:
     """The control channel (bound and receiving) and the loader of `cfg`. A `Published` event announces
     on `signal`, a channel failure fails it: the weight watcher built with the same `signal` wakes, or
-    raises."""
+    raises. `on_probe` gets the weight probe's reference an announcement carries (`weights/probe.py`)."""
     loader: WeightLoader | None = None
 
     def on_published(msg: Published) -> None:
@@ -77,6 +80,8 @@ def build_control(cfg: OrchestratorConfig, signal: Wakeup) -> tuple[ControlServe
                 f"weights.transport = {cfg.weights.transport!r}: set weights.transport alike everywhere"
             )
         assert loader is not None
+        if on_probe is not None and msg.probe is not None:
+            on_probe(msg.version, msg.probe)
         loader.on_published(msg)
         signal.announce()
 

@@ -24,6 +24,7 @@ import torch
 from prime_async.config.trainer import TrainerConfig
 from prime_async.types import WeightTransport
 from prime_async.weights.control import ControlClient, ControlRequest, Published, Reply
+from prime_async.weights.probe import ProbeReference
 from prime_async.weights.writer import BroadcastWriter
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,10 @@ class WeightPublisher(Protocol):
     def publish(self, weights: Weights, version: int, *, protected: Iterable[int], on_disk: bool) -> None:
         """Make `version` available and announce it. `on_disk`: a restart may load this version
         (checkpoint or last step); `protected`: versions the broadcast directory keeps."""
+        ...
+
+    def attach_probe(self, version: int, probe: ProbeReference) -> None:
+        """`version`'s announcement carries `probe` (called before `publish(version)`)."""
         ...
 
     def flush(self) -> None: ...
@@ -85,13 +90,21 @@ class ControlledPublisher:
     def __init__(self, cfg: TrainerConfig, writer: BroadcastWriter, device: torch.device, *, tied: bool):
         self.cfg, self.writer, self.device, self.tied = cfg, writer, device, tied
         self.last_write_s: float | None = None
+        self._probes: dict[int, ProbeReference] = {}  # attached, not yet announced
         port = cfg.weights.resolved_control_port(cfg.transport)
         self.control = ControlClient(
             cfg.transport.host, port, handler=self._handle, device=device.type, transport=cfg.transport
         )
 
+    def attach_probe(self, version: int, probe: ProbeReference) -> None:
+        self._probes[version] = probe
+
     def announce(self, version: int, **fields: Any) -> None:
-        self.control.publish(Published(version, self.transport, **fields))
+        """Every transport announces here: the version's probe reference (if attached) travels with it."""
+        probe = self._probes.pop(version, None)
+        for old in [v for v in self._probes if v < version]:  # never announced (a failed write)
+            del self._probes[old]
+        self.control.publish(Published(version, self.transport, probe=probe, **fields))
 
     def flush(self) -> None:
         """Nothing is written in the background unless a subclass says so."""
