@@ -105,6 +105,18 @@ def test_group_size_one() -> None:
     assert "sink.reject_equal_reward drops every group" in line
 
 
+def test_drain_offpolicy() -> None:
+    cfg = RLConfig.model_validate(
+        {"weights": {"pause_mode": "drain"}, "orchestrator": {"max_off_policy_steps": 2}}
+    )
+    [line] = _lines(cfg)
+    assert line.startswith('lint/drain-offpolicy: weights.pause_mode = "drain" with max_off_policy_steps = 2')
+    assert 'fix: set weights.pause_mode = "retract"' in line
+    assert (
+        _lines(cfg.with_values(orchestrator={"max_off_policy_steps": 0})) == []
+    )  # configs/tiny/rl_sync.toml
+
+
 def _schema(path: Path) -> type[RLConfig | OrchestratorConfig | TrainerConfig] | None:
     return next((cls for prefix, cls in SCHEMAS.items() if path.stem.startswith(prefix)), None)
 

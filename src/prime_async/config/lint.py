@@ -132,7 +132,29 @@ def group_size_one(cfg: OrchestratorConfig) -> Finding | None:
     return Finding("lint/group-size-one", cost, "set group_size >= 2 (4-16 is usual)")
 
 
-ORCHESTRATOR_RULES = (buffer_deeper_than_k, update_interval_lag, max_tokens_near_seq_len, group_size_one)
+def drain_offpolicy(cfg: OrchestratorConfig) -> Finding | None:
+    """`weights.pause_mode = "drain"` at K > 0: every update holds admission until no episode is in
+    flight, so generation stops for the slowest episode's tail at each update, the overlap K > 0 buys.
+    Deterministic runs always drain (their pause_mode is ignored) and K = 0 has nothing in flight: quiet."""
+    k = cfg.max_off_policy_steps
+    if cfg.weights.pause_mode != "drain" or k == 0 or cfg.deterministic:
+        return None
+    return Finding(
+        "lint/drain-offpolicy",
+        f'weights.pause_mode = "drain" with max_off_policy_steps = {k}: every weight update stops admission '
+        "until the slowest in-flight episode finishes, so engines idle at each update and the overlap that "
+        "K > 0 pays for in staleness is lost",
+        'set weights.pause_mode = "retract" (the default) or "in_place", or max_off_policy_steps = 0',
+    )
+
+
+ORCHESTRATOR_RULES = (
+    buffer_deeper_than_k,
+    update_interval_lag,
+    max_tokens_near_seq_len,
+    group_size_one,
+    drain_offpolicy,
+)
 TRAINER_RULES = (multi_step_offpolicy,)
 
 
