@@ -51,7 +51,7 @@ def test_doctor_passes_the_tiny_config(tiny_model_dir: Path, tmp_path: Path) -> 
     assert rows == {
         "tokens round-trip": "pass", "same seed, same reward": "pass", "longest prompt fits seq_len": "pass",
         "longest episode fits seq_len": "pass", "engine vs trainer logprobs (v0)": "pass",
-        "K = 0 equals sync": "pass",
+        "engine vs trainer full vocabulary (v0)": "pass", "K = 0 equals sync": "pass",
     }, proc.stdout  # fmt: skip
     assert (tmp_path / "run-doctor" / "k0-run" / "metrics" / "trainer.jsonl").exists()
 

@@ -17,7 +17,7 @@ from prime_async.trainer.probe_reference import ProbeBuilder, probe_logits
 from prime_async.weights.probe_check import WeightProbe
 from proc_helpers import start_embedded_engine
 
-PERTURBED = "model.layers.0.mlp.down_proj.weight"
+PERTURBED = "model.norm.weight"  # the final norm: every position's logits
 
 
 def _corrupted(src: Path, dst: Path) -> Path:
@@ -76,4 +76,5 @@ def test_probe_passes_a_good_load_and_catches_a_perturbed_tensor(
     assert good.max_abs_logprob_diff < 1e-3 and good.kl < 1e-5 and good.tv < 1e-3
     assert bad.max_abs_logprob_diff > cfg.max_logprob_diff or bad.kl > cfg.max_kl
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    print(*errors, sep="\n")
     assert len(errors) == 1 and errors[0].startswith("weights v2: ")

@@ -23,6 +23,7 @@ from prime_async.doctor.probe import EnvProbes, collect, start_engine
 from prime_async.doctor.report import render
 from prime_async.doctor.sync_run import NAME as K0_NAME
 from prime_async.doctor.sync_run import run_k0
+from prime_async.doctor.vocab import engine_answer, vocab_check
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ def diagnose(
         url = start_engine(cfg, out_dir, stack)
         coro = collect(cfg, [url], examples=opts.examples, longest=opts.longest, repeats=opts.repeats)
         all_probes = asyncio.run(asyncio.wait_for(coro, timeout=opts.timeout_s))
+        vocab = None if cfg.lora is not None else asyncio.run(engine_answer(cfg, url))
     rows = [row for probes in all_probes for row in env_rows(cfg, probes)]
+    rows.append(("model", vocab_check(cfg, vocab)))
     if opts.sync_steps:
         rows.append(
             ("run", run_k0(rl_argv, out_dir / "k0-run", steps=opts.sync_steps, timeout_s=opts.timeout_s))
