@@ -17,8 +17,8 @@ from prime_async.orchestrator.length_bias import LengthBias
 from prime_async.orchestrator.train_sink import TrainSink
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.episode import _sampled_tokens
-from prime_async.rollouts.verifiers_source import SampledShare
 from prime_async.rollouts.types import Episode
+from prime_async.rollouts.verifiers_source import SampledShare
 from prime_async.simulation import SimParams, run_simulation, run_virtual
 
 LOGGER = "prime_async.orchestrator.length_bias"
@@ -211,7 +211,8 @@ class ImpatientSink(TrainSink):
 def _simulate(tmp_path: Path, seed: int, tokens_per_s: float | None, caplog) -> tuple[dict, int]:
     cfg = OrchestratorConfig.model_validate({
         "output_dir": str(tmp_path / f"s{seed}"), "max_steps": 60, "batch_groups": 2, "group_size": 2,
-        "max_off_policy_steps": 1, "admission": {"max_buffered_groups": 8, "max_dropped_groups_per_step": 1000},
+        "max_off_policy_steps": 1,
+        "admission": {"max_buffered_groups": 8, "max_dropped_groups_per_step": 1000},
         "inference": {"base_urls": ["sim://engine0"]}, "sampling": {"max_tokens": 4096}, "seq_len": 8192,
         "sink": {"import_path": f"{__name__}:ImpatientSink"},
     })  # fmt: skip
