@@ -143,7 +143,8 @@ def _start_embedded_rl(out: Path, model_dir: Path, mark: str, *extra: str, steps
 
 def test_second_run_on_default_ports_is_refused(tiny_model_dir: Path, tmp_path: Path, mark: str) -> None:
     """Run A holds the default ports; run B is refused at once, naming the port and run A's engine."""
-    first = _start_embedded_rl(tmp_path / "a", tiny_model_dir, mark, steps=50)
+    # far more steps than it can train before the SIGTERM below (50 took 14.7 s on a quiet machine)
+    first = _start_embedded_rl(tmp_path / "a", tiny_model_dir, mark, steps=100_000)
     # rl starts the orchestrator with the engines: run A holds the default ports once its engine answers
     try:
         wait_healthy("http://127.0.0.1:30000", first, timeout_s=240)  # rl checks every env first

@@ -38,17 +38,22 @@ def test_interval_beyond_k_is_rejected():
     OrchestratorConfig(max_off_policy_steps=1, weights={"update_interval": 2})
 
 
-def test_k_below_buffer_depth_warns(caplog):
+def test_k_below_buffer_depth_is_a_lint_warning(caplog):
+    """A buffer deeper than K + 1 batches validates quietly; the configuration lint names it."""
+    from prime_async.config.lint import lint_orchestrator
+
     with caplog.at_level(logging.WARNING):
-        OrchestratorConfig(batch_groups=4, admission={"max_buffered_groups": 16}, max_off_policy_steps=2)
-    warning = "max_off_policy_steps + 1 (3) < ceil(admission.max_buffered_groups / batch_groups) (4)"
-    assert warning in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        OrchestratorConfig(batch_groups=4, admission={"max_buffered_groups": 16}, max_off_policy_steps=3)
+        deep = OrchestratorConfig(
+            batch_groups=4, admission={"max_buffered_groups": 16}, max_off_policy_steps=2
+        )
+    assert caplog.text == "", "the lint warns, not the validator"
+    assert [f.id for f in lint_orchestrator(deep)] == ["lint/buffer-deeper-than-k"]
+    filled = [
+        OrchestratorConfig(batch_groups=4, admission={"max_buffered_groups": 16}, max_off_policy_steps=3),
         # sync: one batch
-        OrchestratorConfig(batch_groups=4, admission={"max_buffered_groups": 4}, max_off_policy_steps=0)
-    assert caplog.text == "", "a buffer of at most K + 1 batches is filled"
+        OrchestratorConfig(batch_groups=4, admission={"max_buffered_groups": 4}, max_off_policy_steps=0),
+    ]
+    assert all("lint/buffer-deeper-than-k" not in [f.id for f in lint_orchestrator(c)] for c in filled)
 
 
 def test_negative_k_and_unknown_keys_rejected():

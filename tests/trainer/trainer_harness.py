@@ -29,7 +29,7 @@ def write_config(
         "output_dir": str(output_dir),
         "wandb": {"enabled": False},
         "seq_len": 256,
-        "transport": transport.model_dump(),
+        "transport": transport.model_dump(exclude_none=True),  # TOML has no null
         "optim": {"lr": 1e-3, "max_grad_norm": 1.0},
         "ckpt": {"interval": 1, "keep": 2},
         **extra,

@@ -178,3 +178,24 @@ def test_an_answer_to_the_socket_the_receiver_just_replaced_still_arrives(monkey
     finally:
         rx.close()
         router.close(linger=0)
+
+
+def test_a_port_taken_by_another_socket_is_refused_after_the_bind_retry(monkeypatch) -> None:
+    """A second sender on a live sender's port waits BIND_RETRY_S for it, then gets the one-line refusal;
+    once the first is closed, the same port binds at once (a resumed lifetime in the same process)."""
+    import time
+
+    monkeypatch.setattr(zmq_batches, "BIND_RETRY_S", 0.3)
+    cfg = transport_cfg()
+    first = BatchSender(cfg=cfg, num_ranks=1)
+    try:
+        start = time.monotonic()
+        with pytest.raises(
+            ValueError, match=rf"transport.port = {cfg.port} on 127.0.0.1: .*choose another port"
+        ):
+            BatchSender(cfg=cfg, num_ranks=1)
+        assert 0.3 <= time.monotonic() - start < 5
+    finally:
+        first.close()
+    for _ in range(5):  # close then bind again at once, as a planned stop's next lifetime does
+        BatchSender(cfg=cfg, num_ranks=1).close()

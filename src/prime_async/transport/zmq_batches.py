@@ -50,6 +50,8 @@ from prime_async.transport.wire import (
 
 logger = logging.getLogger(__name__)
 
+BIND_RETRY_S = 2.0  # how long a bind waits for a port this process's previous sender is still releasing
+
 
 @dataclass
 class RankBatch:
@@ -124,18 +126,27 @@ class BatchSender:
         logger.info("batch sender bound to tcp://%s:%d for %d rank(s)", cfg.host, cfg.port, num_ranks)
 
     def _bind_router(self, cfg: TransportConfig) -> None:
-        """Bind the ROUTER; a taken or unset port is a user error named in one line (ValueError)."""
+        """Bind the ROUTER; a taken or unset port is a user error named in one line (ValueError).
+
+        A port still held for up to BIND_RETRY_S is waited for: ZeroMQ closes a socket asynchronously, so
+        the previous sender of this process (a resumed lifetime) may release the port a moment late."""
         if cfg.port == 0:
             self._close_sockets()
             raise ValueError("transport.port = 0 (a free port) works only under `rl`: give a port")
-        try:
-            self._router.bind(f"tcp://{cfg.host}:{cfg.port}")
-        except zmq.ZMQError as exc:
-            self._close_sockets()
-            raise ValueError(
-                f"transport.port = {cfg.port} on {cfg.host}: {exc} (another run's orchestrator?): choose "
-                "another port, or run under `rl` with port = 0"
-            ) from None
+        deadline = time.monotonic() + BIND_RETRY_S
+        while True:
+            try:
+                self._router.bind(f"tcp://{cfg.host}:{cfg.port}")
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EADDRINUSE and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                self._close_sockets()
+                raise ValueError(
+                    f"transport.port = {cfg.port} on {cfg.host}: {exc} (another run's orchestrator?): "
+                    "choose another port, or run under `rl` with port = 0"
+                ) from None
 
     def _close_sockets(self) -> None:
         self._router.close(linger=0)
