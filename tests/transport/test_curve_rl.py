@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import zmq
 import zmq.auth
+from test_curve import _foreign_socket
 
 from prime_async.transport.wire import Request, encode_message
 from prime_async.weights.control import Hello, Published, encode
@@ -74,14 +75,7 @@ class ForeignClient:
                 self._hammer(f"tcp://127.0.0.1:{target}", keys, server_public, frames)
 
     def _hammer(self, address: str, keys: str, server_public: bytes, frames: list[bytes]) -> None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        if keys != "none":
-            public, secret = zmq.curve_keypair()
-            sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
-            sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
-            sock.setsockopt(zmq.CURVE_SERVERKEY, public if keys == "wrong-server" else server_public)
-        sock.connect(address)
+        sock = _foreign_socket(address, keys, server_public)
         for frame in frames:
             sock.send(frame)
             self.sent += 1
