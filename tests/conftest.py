@@ -95,6 +95,14 @@ def tiny_moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built_once(tmp_path_factory, "tiny_moe_model", build_tiny_moe_model)
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory of the tiny random Qwen2.5-VL-style model + processor (`models/tiny_vlm.py`)."""
+    from prime_async.models.tiny_vlm import build_tiny_vlm
+
+    return built_once(tmp_path_factory, "tiny_vlm_model", build_tiny_vlm)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_renderers_lock() -> None:
     """`renderers.client` keeps a module-level asyncio.Lock that binds to the first event loop that

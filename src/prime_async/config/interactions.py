@@ -104,7 +104,7 @@ def _check_router_replay(cfg: RunSections) -> None:
             "router_replay = true with lora: the embedded engine serves no LoRA adapters on MoE models; "
             "train the MoE model in full, or set router_replay = false"
         )
-    if cfg.model.build in ("tiny", "smollm2"):
+    if cfg.model.build in ("tiny", "tiny_vlm", "smollm2"):
         raise ValueError(
             f"router_replay = true with model.build = '{cfg.model.build}': a dense model has no routing to "
             "replay; use an MoE model (e.g. model.build = 'tiny_moe') or set router_replay = false"

