@@ -24,13 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "matrix")]
 
-from cells import DIMENSIONS, cell_id, refused_pairs, trained_cells  # noqa: E402
+from cells import DIMENSIONS, cell_id, refused_pairs, table_values, trained_cells  # noqa: E402
 
 DOC = ROOT / "docs" / "feature-matrix.md"
 _PREFIX = re.compile(r"^rl: error: \S*cell\.toml: ")  # the temporary config file's path
-SHORT = {"single_turn": "single-turn", "multi_turn": "multi-turn", "two_seats": "two seats",
-         "best_of_n": "best-of-n", "higher_lower": "higher-lower", "filesystem": "fs",
-         "distributed": "dist"}  # fmt: skip
 
 
 def run_matrix(results: Path) -> float:
@@ -60,8 +57,14 @@ def render(results: Path, total_s: float | None) -> str:
         "(`ledger/prompts_lost`); a teacher cell's batches carry the teacher's logprobs, with no teacher",
         "error; a router-replay cell's trainer replays routes in every step; a kill was survived and",
         "was the run's only restart; and no process of the run is left (its process tree, or its",
-        "marker in the environment). A refused pair is checked through the `rl` command: exit 2, one",
-        "line naming both keys.",
+        "marker in the environment). A `curve = on` cell (`transport.curve`) has its keys generated in",
+        "`output_dir/transport_keys` (0700, files 0600), every component pointed at them and no peer",
+        "refused; a `probe = on` cell (`weights.probe.enabled`, full weights) logs `weights/probe_*`",
+        "within the thresholds for the versions it loads and no mismatch (none at all with LoRA, which",
+        "the probe skips); a `stop_on_alarm = on` cell (`trainer.health.stop_on_alarm`) logs the six",
+        "`health/<alarm>` at 0 every step and ends normally. A refused pair is checked through the",
+        "`rl` command: exit 2, one line naming both keys. `not run`: the table was rendered from a",
+        "partial run (`--results`); a full run fills it.",
         "",
         "Options: "
         + "; ".join(f"`{n}` {' / '.join(str(v) for v in vals)}" for n, vals in DIMENSIONS.items()),
@@ -75,10 +78,10 @@ def render(results: Path, total_s: float | None) -> str:
     for cell in trained_cells():
         cid = cell_id(dict(cell))
         out = outcomes.get(cid, {})
-        outcome = out.get("outcome", "not run or failed")
+        outcome = out.get("outcome", "not run")
         wall = f"{out['wall_s']:.0f}" if "wall_s" in out else "-"
         stale = f"{out['staleness_max']:.0f}" if "staleness_max" in out else "-"
-        values = [SHORT.get(str(v), str(v)) for _, v in cell]
+        values = table_values(dict(cell))
         lines.append(f"| {' | '.join(values)} | {outcome} | {wall} | {stale} |")
     lines += ["", f"## Refused pairs ({len(refused_pairs())})", ""]
     lines += ["| pair | refusal (the rl command's line) |", "|---|---|"]

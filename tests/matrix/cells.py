@@ -9,7 +9,13 @@
                    the finished ones all in the episode log; staleness in [0, K] per group and per token
                    (from the wire's versions, none unknown); nothing cancelled, stale or lost outside kill
                    cells; a teacher's logprobs in every batch; replayed routes in every trainer step; the
-                   kill the only restart; no process of the run left afterwards
+                   kill the only restart; no process of the run left afterwards; CURVE keys generated
+                   owner-only and used by every component; the weight probe's figures within their
+                   thresholds; no health alarm on these healthy runs (`stop_on_alarm` cells)
+
+Adding an option: its values in DIMENSIONS (the default first), its config in `_base_config` (one
+value) or a function in OPTION_SECTIONS (a section), its check called by `check_trained`, and how a
+refusal line names it in `test_matrix.py: KEY_WORDS`.
 
 Used by `test_matrix.py` (CI: every cell), `test_matrix_doc.py` (the docs table lists exactly these
 cells) and `scripts/feature_matrix.py` (runs the cells, writes `docs/feature-matrix.md`).
@@ -27,6 +33,7 @@ import itertools
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -53,6 +60,9 @@ DIMENSIONS: dict[str, list[Any]] = {
     "trainer_procs": [1, 2],
     "moe": ["off", "replay"],  # replay: the tiny Qwen3-MoE model with router_replay (R3)
     "teacher": ["off", "on"],  # on: on-policy distillation, the student's initial model as teacher
+    "curve": ["auto", "on"],  # transport.curve: on = ZeroMQ CURVE on the batch stream and control channel
+    "probe": ["off", "on"],  # weights.probe.enabled: the check after every weight load
+    "stop_on_alarm": ["off", "on"],  # trainer.health.stop_on_alarm: a health alarm ends the run
 }
 DEFAULTS = {name: values[0] for name, values in DIMENSIONS.items()}
 
@@ -78,17 +88,25 @@ Cell = dict[str, Any]
 
 def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "models/tiny",
                 ports: tuple[int, int, int] = (30000, 5557, 30100)) -> dict[str, Any]:  # fmt: skip
-    """The whole `rl` config of `cell` (a TOML document as a dict)."""
-    inference_port, transport_port, eval_port = ports
-    k = cell["k"]
+    """The whole `rl` config of `cell` (a TOML document as a dict): the base run, then each option's
+    section (`OPTION_SECTIONS`, one small function per option that is more than a value in the base)."""
+    cfg = _base_config(cell, out=out, model_dir=model_dir, ports=ports)
+    for add_section in OPTION_SECTIONS:
+        add_section(cell, cfg, ports)
+    return cfg
+
+
+def _base_config(cell: Cell, *, out: str, model_dir: str, ports: tuple[int, int, int]) -> dict[str, Any]:
+    """The run every cell shares, with the options that are one value each set from `cell`."""
+    inference_port, transport_port, _ = ports
     envs = [ENVS[cell["env"]]] + ([MIX_PARTNER] if cell["envs"] == "mix" else [])
     # max_buffered_groups is left at its default, (K + 1) * batch_groups, at every K
     orchestrator: dict[str, Any] = {
-        "batch_groups": 2, "group_size": 2, "max_off_policy_steps": k,
+        "batch_groups": 2, "group_size": 2, "max_off_policy_steps": cell["k"],
         "admission": {"submission_granularity": cell["granularity"]}, "sampling": {"max_tokens": 8},
         "envs": envs,
     }  # fmt: skip
-    cfg: dict[str, Any] = {
+    return {
         "max_steps": STEPS if cell["kill"] == "none" else KILL_STEPS,
         "seq_len": 1024,  # the tools env's prompt with its tool schemas is ~500 tokens
         "output_dir": out,
@@ -97,10 +115,14 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
         else {"path": moe_model_dir(model_dir), "build": "tiny_moe"},
         "router_replay": cell["moe"] == "replay",
         "wandb": {"enabled": False},
-        "transport": {"port": transport_port},
+        "transport": {"port": transport_port, "curve": cell["curve"]},
         "inference": {"server": {"port": inference_port}, "engine": {"max_running_requests": 8}},
         "orchestrator": orchestrator,
-        "trainer": {"optim": {"lr": 1e-4}, "num_processes": cell["trainer_procs"]},
+        "trainer": {
+            "optim": {"lr": 1e-4},
+            "num_processes": cell["trainer_procs"],
+            "health": {"stop_on_alarm": cell["stop_on_alarm"] == "on"},
+        },
         "deterministic": cell["deterministic"] == "on",
         # 0: rl picks a free rendezvous port, so two cells running at once never meet on the default one
         "weights": {
@@ -108,21 +130,38 @@ def cell_config(cell: Cell, *, out: str = "outputs/matrix", model_dir: str = "mo
             "master_port": 0,
             "pause_mode": cell["pause_mode"],
             "update_interval": cell["interval"],
+            "probe": {"enabled": cell["probe"] == "on"},
         },
     }
+
+
+def _lora_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) -> None:
     if cell["lora"] == "on":
         cfg["lora"] = {"rank": 4, "alpha": 8.0}
+
+
+def _teacher_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) -> None:
     if cell["teacher"] == "on":  # rl serves the teacher on an engine of its own (a free port)
-        orchestrator["teacher"] = {"model": cfg["model"]["path"], "kl_weight": 0.5, "env_weight": 1.0}
+        teacher = {"model": cfg["model"]["path"], "kl_weight": 0.5, "env_weight": 1.0}
+        cfg["orchestrator"]["teacher"] = teacher
+
+
+def _eval_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) -> None:
     if cell["eval"] != "off":
-        orchestrator["eval"] = {"envs": [EVAL_ENV], "interval": 2, "placement": cell["eval"]}
+        cfg["orchestrator"]["eval"] = {"envs": [EVAL_ENV], "interval": 2, "placement": cell["eval"]}
     if cell["eval"] == "dedicated":
-        cfg["eval_inference"] = {"server": {"port": eval_port}, "engine": {"max_running_requests": 8}}
+        cfg["eval_inference"] = {"server": {"port": ports[2]}, "engine": {"max_running_requests": 8}}
+
+
+def _kill_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) -> None:
     if cell["kill"] != "none":
         cfg["restart"] = {"max_restarts": 1, "backoff_s": 0.5}
         cfg["trainer"]["ckpt"] = {"interval": 2}
-        orchestrator["ckpt"] = {"interval": 1}
-    return cfg
+        cfg["orchestrator"]["ckpt"] = {"interval": 1}
+
+
+# the sections of options that add more than one value to the base config, applied in this order
+OPTION_SECTIONS = (_lora_section, _teacher_section, _eval_section, _kill_section)
 
 
 def moe_model_dir(model_dir: str) -> str:
@@ -227,6 +266,16 @@ def _cover(a: tuple[str, Any], b: tuple[str, Any], rows: list[Cell], refused: se
                 cell[name] = value
                 break
     return cell
+
+
+SHORT = {"single_turn": "single-turn", "multi_turn": "multi-turn", "two_seats": "two seats",
+         "best_of_n": "best-of-n", "higher_lower": "higher-lower", "filesystem": "fs",
+         "distributed": "dist"}  # fmt: skip
+
+
+def table_values(cell: Cell) -> list[str]:
+    """The cell's values as the docs table writes them, in DIMENSIONS order."""
+    return [SHORT.get(str(cell[name]), str(cell[name])) for name in DIMENSIONS]
 
 
 def cell_id(cell: Cell) -> str:
@@ -416,6 +465,9 @@ def check_trained(run: CellRun) -> dict[str, float]:
     check_teacher(run.cell, orch)
     check_router_replay(run.cell, trainer)
     check_kill(run)
+    check_curve(run)
+    check_probe(run, orch)
+    check_health(run, trainer)
     return {
         "wall_s": run.wall_s,
         "staleness_max": max(m["rollout/data_staleness/max"] for m in orch),
@@ -541,6 +593,90 @@ def check_kill(run: CellRun) -> None:
         return
     assert run.killed_pid, "the kill never landed"
     assert restarts == [(run.cell["kill"], "-9")], f"restarts {restarts}, expected the kill's alone"
+
+
+def component_config(out: Path, component: str) -> dict[str, Any]:
+    """The config `rl` wrote for `component` (`out/configs/<component>.toml`)."""
+    import tomllib
+
+    return tomllib.loads((out / "configs" / f"{component}.toml").read_text())
+
+
+CURVE_LINE = "transport: CURVE on the batch stream and the control channel, keys in "  # rl's, on stderr
+
+
+def check_curve(run: CellRun) -> None:
+    """A CURVE cell: `rl` said CURVE is on and generated the keys into `output_dir/transport_keys` (the
+    directory 0700, the four key files 0600), the orchestrator and the trainer ranks were pointed at
+    them, and the orchestrator refused no peer (its own trainer ranks got in, across restarts too).
+    An `auto` cell binds loopback: plain TCP, no keys."""
+    from prime_async.transport.curve import KEYS_DIRNAME
+
+    keys = run.out / KEYS_DIRNAME
+    if run.cell["curve"] == "auto":
+        assert not keys.exists() and CURVE_LINE not in run.stderr, "CURVE on in a loopback `auto` cell"
+        return
+    assert f"{CURVE_LINE}{keys}" in run.stderr, f"rl did not say CURVE is on:\n{run.stderr[-2000:]}"
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700, oct(keys.stat().st_mode)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in keys.iterdir()}
+    assert modes == dict.fromkeys(CURVE_KEY_FILES, 0o600), modes
+    for component in ("orchestrator", "trainer"):
+        transport = component_config(run.out, component)["transport"]
+        assert (transport["curve"], transport["curve_keys_dir"]) == ("on", str(keys)), (component, transport)
+    log = (run.out / "logs" / "orchestrator.log").read_text()
+    assert "refused a peer" not in log, [line for line in log.splitlines() if "refused a peer" in line]
+
+
+CURVE_KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
+PROBE = ("weights/probe_max_abs_logprob_diff", "weights/probe_kl", "weights/probe_tv", "weights/probe_time_s")
+PROBE_LINES = ("on the weight probe", "the weight probe could not be scored")  # its ERROR and WARNING
+
+
+def check_probe(run: CellRun, orch: list[dict]) -> None:
+    """A probe cell (full weights) checks the versions it loads: outside kill cells, every row that loaded
+    one (but the last) has `weights/probe_*` in it or in the next row (the check runs after the load,
+    concurrently with the batch that may cut the row), and no probe line is logged (no mismatch, no
+    probe that could not be scored); a kill cell checks at least one version (a restarted orchestrator
+    skips those announced before it came up; a killed engine may fail a probe) and logs no mismatch.
+    Every figure is within `weights.probe`'s thresholds. Without the probe, and in LoRA cells (the
+    engines would score the base model, docs/weights.md), there is no `weights/probe_*`."""
+    from prime_async.config.probe import WeightProbeConfig
+
+    checked = [m for m in orch if PROBE[0] in m]
+    if run.cell["probe"] == "off" or run.cell["lora"] == "on":
+        assert not checked, f"weights/probe_* without the probe: {checked[0]}"
+        return
+    assert component_config(run.out, "trainer")["weights"]["probe"]["enabled"], "the trainer has no probe"
+    lines = (run.out / "logs" / "orchestrator.log").read_text().splitlines()
+    forbidden = PROBE_LINES if run.cell["kill"] == "none" else PROBE_LINES[:1]
+    assert not [line for line in lines if any(s in line for s in forbidden)], "\n".join(lines[-40:])
+    assert checked, "no version was checked by the weight probe"
+    limits = WeightProbeConfig()
+    for m in checked:
+        figures = {k: m[k] for k in PROBE}
+        assert figures[PROBE[0]] <= limits.max_logprob_diff, f"step {m['step']}: {figures}"
+        assert figures[PROBE[1]] <= limits.max_kl and figures[PROBE[2]] <= limits.max_tv, figures
+        assert figures[PROBE[3]] > 0, f"step {m['step']}: {figures}"
+    if run.cell["kill"] == "none":
+        late = [m["step"] for m, after in itertools.pairwise(orch)
+                if m["weights/updates"] > 0 and PROBE[0] not in m and PROBE[0] not in after]  # fmt: skip
+        assert not late, f"versions loaded at steps {late} were never checked by the weight probe"
+
+
+def check_health(run: CellRun, trainer: list[dict]) -> None:
+    """A `stop_on_alarm` cell's setting reached the trainer, and on these healthy tiny runs no alarm fired:
+    every trainer step logged the six `health/<alarm>` at 0, no alarm WARNING, and the run ended normally
+    (asserted by `check_trained`)."""
+    from prime_async.health.watch import ALARMS
+
+    if run.cell["stop_on_alarm"] == "off":
+        return
+    assert component_config(run.out, "trainer")["health"]["stop_on_alarm"] is True
+    for m in trainer:
+        alarms = {a: m.get(f"health/{a}") for a in ALARMS}
+        assert alarms == dict.fromkeys(ALARMS, 0.0), f"step {m['step']}: health alarms {alarms}"
+    log = (run.out / "logs" / "trainer.log").read_text()
+    assert "health alarm" not in log, [line for line in log.splitlines() if "health alarm" in line]
 
 
 def run_refused(cell: Cell, work: Path, *, timeout_s: float = 120) -> subprocess.CompletedProcess:

@@ -6,8 +6,8 @@ restart, nothing left running); every refused pair must be refused by the `rl` c
 anything starts: exit 2, one line that names both keys.
 
 Cells run MATRIX_WORKERS (default 2) at a time: a cell's cost is mostly process start-up, which leaves the
-cores idle part of the time. With MATRIX_RESULTS set (scripts/feature_matrix.py), each cell's outcome is
-written there as JSON for the docs table."""
+cores idle part of the time. With MATRIX_RESULTS set (scripts/feature_matrix.py), each cell's outcome
+(trained, failed, refused) is written there as JSON for the docs table."""
 
 from __future__ import annotations
 
@@ -67,8 +67,11 @@ def cell_runs(
     [pytest.param(c, id=cell_id(c), marks=pytest.mark.needs_devices(c["trainer_procs"])) for c in TRAINED],
 )
 def test_cell_trains(cell: dict, cell_runs: dict[str, Future[CellRun]]) -> None:
-    run = cell_runs[cell_id(cell)].result()
-    figures = check_trained(run)
+    try:
+        figures = check_trained(cell_runs[cell_id(cell)].result())
+    except Exception as e:  # recorded as failed (the docs table must not show it trained), then raised
+        _record(cell_id(cell), {"cell": cell, "outcome": "failed", "error": str(e)[:500]})
+        raise
     _record(cell_id(cell), {"cell": cell, "outcome": "trained", **figures})
 
 
@@ -91,7 +94,8 @@ KEY_WORDS = {
     "weights": ("weights.transport",), "lora": ("lora",), "envs": ("envs",),
     "deterministic": ("deterministic",), "interval": ("weights.update_interval", "update_interval"),
     "granularity": ("submission_granularity",), "trainer_procs": ("num_processes",),
-    "moe": ("router_replay",), "teacher": ("teacher",),
+    "moe": ("router_replay",), "teacher": ("teacher",), "curve": ("transport.curve",),
+    "probe": ("weights.probe",), "stop_on_alarm": ("stop_on_alarm",),
 }  # fmt: skip
 
 
