@@ -21,7 +21,7 @@ class EngineLoad:
     """`engine/busy_fraction` of `engines` (module docstring); `metrics()` once per step."""
 
     def __init__(self, engines: Sequence[EngineClient]):
-        self.engines = list(engines)
+        self.engines = engines  # the run's live list (engine_pool.py)
         self._last: dict[str, tuple[float, float]] = {}
 
     async def metrics(self, timeout_s: float = 2.0) -> dict[str, float]:

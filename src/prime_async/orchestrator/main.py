@@ -26,6 +26,7 @@ from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.engine_api import EngineClient
 from prime_async.eval.in_run_start import start_in_run_eval
 from prime_async.orchestrator.components import ComponentInputs, Components, build_components
+from prime_async.orchestrator.engine_pool import start_engine_pool
 from prime_async.orchestrator.episode_log import EpisodeLog
 from prime_async.orchestrator.orchestrator import run_loop
 from prime_async.orchestrator.planned_stop import EXIT_PLANNED_STOP, PlannedStop, stop_on_signals
@@ -135,7 +136,7 @@ def _weight_probe(cfg: OrchestratorConfig, engines: list[EngineClient]) -> Weigh
     scorers = [e for e in engines if isinstance(e, HttpEngineClient)]
     if not cfg.weights.probe.enabled or cfg.lora is not None or len(scorers) != len(engines):
         return None
-    return WeightProbe(cfg.weights.probe, scorers)
+    return WeightProbe(cfg.weights.probe, engines)  # type: ignore[arg-type]  # the live list (engine_pool.py)
 
 
 async def _run_lifetime(cfg: OrchestratorConfig, stop: asyncio.Event) -> None:
@@ -143,6 +144,7 @@ async def _run_lifetime(cfg: OrchestratorConfig, stop: asyncio.Event) -> None:
     try:
         async with contextlib.AsyncExitStack() as stack:
             comps = await _start(cfg, io, stack)
+            await start_engine_pool(cfg, io.engines, comps, stack)  # rl-engines add|remove (elastic.md)
             evaluator = await start_in_run_eval(
                 cfg, comps.watcher, engines=io.engines, monitor=io.monitor, stack=stack
             )

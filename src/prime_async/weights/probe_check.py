@@ -59,7 +59,7 @@ class WeightProbe:
         engines: Sequence[ProbeEngine],
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.cfg, self.engines, self.clock = cfg, list(engines), clock
+        self.cfg, self.engines, self.clock = cfg, engines, clock  # a list the engine pool may grow
         self._refs: OrderedDict[int, ProbeReference] = OrderedDict()
         self._window: ProbeFigures | None = None
         self._time_s = 0.0

@@ -127,7 +127,8 @@ class WeightWatcher:
         signal: UpdateSignal | None = None,
         probe: WeightProbe | None = None,
     ):
-        self.engines = list(engines)
+        # the run's one engine list, kept (not copied): the elastic pool changes it under `pin`
+        self.engines = engines if isinstance(engines, list) else list(engines)
         self.probe = probe  # the check after every load (probe_check.py), run once generation resumed
         self.loader = loader  # weights/loaders/: where versions come from, how they reach the engines
         self.admission = admission
@@ -318,4 +319,5 @@ class WeightWatcher:
     def metrics(self) -> dict[str, float]:
         """Weight updates and outages since the last call (then reset), and the served version."""
         probe = self.probe.metrics() if self.probe is not None else {}
-        return {**self.stats.window(self.served_version), **self.outage.metrics(), **probe}
+        engines = {"inference/engines": float(len(self.engines))}  # the live count (engine_pool.py)
+        return {**self.stats.window(self.served_version), **self.outage.metrics(), **probe, **engines}
