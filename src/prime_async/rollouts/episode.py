@@ -18,6 +18,8 @@ Invariants of the returned `Episode`:
 - `token_versions` is the engine-reported weight version on sampled tokens and -1 elsewhere;
 - `metrics["env/<metric>"]` is each `@vf.metric` value of the trace and `metrics["env/reward_fn/<name>"]`
   each reward function's score (unweighted), when computed (`env_values`);
+- `images` are the images in the trained branch's tokens (`episode_images.py`), `metrics["images"]` their
+  count when there are any;
 - `metrics["sampled_tokens"]` is what the trace's seat sampled over all its turns and branches (at least
   the loss tokens of the trained branch, before any `seq_len` cut);
 - `truncated` is True when the episode was cut: by `seq_len` (the gateway clamps every turn to it), by a
@@ -50,6 +52,7 @@ from typing import Any, Literal
 import numpy as np
 
 from prime_async.rollouts.episode_errors import user_frame
+from prime_async.rollouts.episode_images import branch_images
 from prime_async.rollouts.gateway import GatewayCall, GatewaySession
 from prime_async.rollouts.types import Episode
 
@@ -225,6 +228,9 @@ def _trace_episode(
         episode.token_versions, unmatched = _sampled_versions(branch, session.calls)
         episode.metrics["unmatched_version_nodes"] = unmatched
         episode.routed_experts = branch_routes(episode.token_ids, session.calls)
+        episode.images = branch_images(episode.token_ids, session.calls, seq_len)
+        if episode.images:
+            episode.metrics["images"] = len(episode.images)
     episode.metrics["sampled_tokens"] = _sampled_tokens(trace, episode)
     episode.metrics["sampled_turns"] = sum(
         1 for node in getattr(trace, "nodes", None) or [] if any(node.mask)

@@ -29,6 +29,11 @@ Invariants:
 - `freeze()` (a planned stop): no call is forwarded any more, in-flight engine requests are aborted and
   their partial output recorded, and no answer reaches the environment after that (the env must not
   move on: the recorded calls are what the next lifetime replays);
+- a prompt with images (`content_parts`, `rollouts/images.py`) is expanded by the model's image processor:
+  the engine gets the unexpanded ids with `image_data` (as SGLang takes them), the call is recorded with
+  the expanded ids and the images' placement, and the answer carries `prompt_token_ids` and
+  `mm_placeholders`; a bad image is a 400 naming it, and an expanded prompt longer than `seq_len` a 400
+  naming its token count (never sent);
 - session keys are recycled, oldest first, only once more than `KEY_QUARANTINE` keys are free: verifiers'
   renderers client caches one entry per (endpoint, model), so fresh keys per episode would grow that cache
   forever, while a key is reused only long after its episode ended (a straggler request of a closed
@@ -55,6 +60,7 @@ from fastapi.responses import JSONResponse
 
 from prime_async.engine_api import EngineClient, EngineUnavailable, GenerateResult, SamplingParams
 from prime_async.rollouts import replay as replays
+from prime_async.rollouts.images import ImageError, ImagePlacer, ImagePrompt, image_urls
 from prime_async.rollouts.seeds import call_seed
 from prime_async.weights.request_gate import RequestGate
 
@@ -84,6 +90,7 @@ class GatewayCall:
     finish_type: str
     weight_version: int
     routed_experts: Any = None  # flat int32 numpy (SGLang's layout) when the engine was asked for them
+    images: ImagePrompt | None = None  # the prompt's images and their placement (None: text only)
 
 
 @dataclass
@@ -163,11 +170,13 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 0,
         gate: RequestGate | None = None,
+        images: ImagePlacer | None = None,
     ) -> None:
         if not engines:
             raise ValueError("gateway needs at least one engine")
         self.engines = engines
         self.seq_len = seq_len
+        self.images = images  # places a prompt's images (a VLM); None: prompts with images are refused
         self.host = host
         self.port = port
         self.sessions: dict[str, GatewaySession] = {}
@@ -254,6 +263,7 @@ class Gateway:
         prompt_ids = body.get("token_ids")
         if not isinstance(prompt_ids, list) or not all(isinstance(t, int) for t in prompt_ids):
             raise GatewayError(400, "token_ids must be a list of ints")
+        prompt_ids, images = self._place_images(prompt_ids, body.get("content_parts"))
         sampling = to_sglang_sampling(dict(body.get("sampling_params") or {}))
         if session.sampling is not None:  # the episode's settings override the request's
             sampling.update(session.sampling.to_sglang())
@@ -272,22 +282,44 @@ class Gateway:
             return vllm_response(empty, rid)
         sampling["max_new_tokens"] = max_new
         if session.replay:
-            result = await self._replay(session, prompt_ids, sampling, rid)
+            result = await self._replay(session, prompt_ids, sampling, rid, images)
         else:
-            result = await self._call_engine(session, prompt_ids, sampling, rid)
+            result = await self._call_engine(session, prompt_ids, sampling, rid, images=images)
         if self._frozen.is_set():  # recorded for the next lifetime; the environment must not move on
             await self._stopped()
-        return vllm_response(result, rid)
+        answer = vllm_response(result, rid)
+        if images is not None:  # what verifiers projects the renderer's prompt onto
+            answer.update(prompt_token_ids=prompt_ids, mm_placeholders=images.images.placeholders())
+        return answer
+
+    def _place_images(self, prompt_ids: list[int], parts: Any) -> tuple[list[int], ImagePrompt | None]:
+        """(the ids the call records, its images): the expanded prompt of a call with images (module
+        docstring), the ids as given without."""
+        if not parts:
+            return prompt_ids, None
+        if self.images is None:
+            raise GatewayError(400, "the prompt has images but the model is not a vision-language model")
+        try:
+            expanded, placed = self.images.place(prompt_ids, image_urls(parts))
+        except ImageError as e:
+            raise GatewayError(400, str(e)) from e
+        if len(expanded) > self.seq_len:
+            image_tokens = sum(n for _, n in placed.spans)
+            raise GatewayError(400, f"Prompt length ({len(expanded)}) exceeds maximum context length "
+                               f"({self.seq_len}): {image_tokens} of its tokens are its {len(placed.spans)} "
+                               "images'")  # fmt: skip
+        return expanded, ImagePrompt(engine_ids=list(prompt_ids), images=placed)
 
     async def _replay(
-        self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str
-    ) -> GenerateResult:
+        self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str,
+        images: ImagePrompt | None = None,
+    ) -> GenerateResult:  # fmt: skip
         """Answer from the session's record (module docstring), or call the engine when there is none."""
         stats, call = self.replay_stats, replays.take_recorded(session.replay, prompt_ids)
         if call is None:
             stats.misses += 1
             logger.info("episode %s: no recorded call of this prompt: generated afresh", session.engine_key)
-            return await self._call_engine(session, prompt_ids, sampling, rid)
+            return await self._call_engine(session, prompt_ids, sampling, rid, images=images)
         if not replays.is_partial(call):
             stats.count_replayed(len(call.output_ids))
             self._mark_ending(session, prompt_ids, call.finish_type, len(call.output_ids))
@@ -301,14 +333,17 @@ class Gateway:
             self._mark_ending(session, prompt_ids, done.finish_type, len(done.output_ids))
             session.calls.append(done)
             return replays.recorded_result(done, rid)
-        more = await self._call_engine(session, [*prompt_ids, *call.output_ids], sampling, rid, record=False)
+        more = await self._call_engine(
+            session, [*prompt_ids, *call.output_ids], sampling, rid, record=False,
+            images=images.extended(call.output_ids) if images is not None else None,
+        )  # fmt: skip
         result = replays.continued_result(call, more)
-        self._record(session, prompt_ids, result)
+        self._record(session, prompt_ids, result, images)
         return result
 
     async def _call_engine(
         self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str,
-        *, record: bool = True,
+        *, record: bool = True, images: ImagePrompt | None = None,
     ) -> GenerateResult:  # fmt: skip
         """One model call on the session's engine. A call an engine outage failed (EngineUnavailable) is
         reported to the gate and, when the gate retries outages, held until the engines are back and sent
@@ -319,7 +354,7 @@ class Gateway:
         for attempt in range(OUTAGE_RETRIES + 1):
             try:
                 result = await self._send(
-                    session, prompt_ids, sampling, rid if attempt == 0 else f"{rid}-r{attempt}"
+                    session, prompt_ids, sampling, rid if attempt == 0 else f"{rid}-r{attempt}", images
                 )
                 break
             except GatewayError:
@@ -341,7 +376,7 @@ class Gateway:
             session.num_errors += 1
             raise GatewayError(502, f"engine {engine.base_url} returned misaligned or non-finite logprobs")
         if record:
-            self._record(session, prompt_ids, result)
+            self._record(session, prompt_ids, result, images)
         return result
 
     async def _wait_engines(self, session: GatewaySession, engine: EngineClient, error: Exception) -> None:
@@ -356,9 +391,11 @@ class Gateway:
             raise GatewayError(502, f"engine {engine.base_url} failed: {e}") from e
 
     async def _send(
-        self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str
-    ) -> GenerateResult:
-        """Send one request through the gate; `rid` is in `session.inflight` while it runs."""
+        self, session: GatewaySession, prompt_ids: list[int], sampling: dict[str, Any], rid: str,
+        images: ImagePrompt | None = None,
+    ) -> GenerateResult:  # fmt: skip
+        """Send one request through the gate; `rid` is in `session.inflight` while it runs. A prompt
+        with images goes as its unexpanded ids with `image_data`."""
         engine = self.engines[session.engine_index]
         session.inflight.add(rid)
         try:
@@ -369,7 +406,11 @@ class Gateway:
                     await self._stopped()  # a planned stop: nothing new reaches an engine
                 self._at_engine.add(rid)
                 try:
-                    return await engine.generate(prompt_ids, sampling, rid=rid)
+                    if images is None:
+                        return await engine.generate(prompt_ids, sampling, rid=rid)
+                    return await engine.generate(
+                        images.engine_ids, sampling, rid=rid, image_data=images.images.urls
+                    )
                 finally:
                     self._at_engine.discard(rid)
         finally:
@@ -383,7 +424,10 @@ class Gateway:
         if finish == "length" and len(prompt_ids) + n_out >= self.seq_len:
             session.truncated = True
 
-    def _record(self, session: GatewaySession, prompt_ids: list[int], result: GenerateResult) -> None:
+    def _record(
+        self, session: GatewaySession, prompt_ids: list[int], result: GenerateResult,
+        images: ImagePrompt | None = None,
+    ) -> None:  # fmt: skip
         self._mark_ending(session, prompt_ids, result.finish_type, len(result.output_ids))
         versions = result.token_versions or [result.weight_version] * len(result.output_ids)
         session.calls.append(
@@ -395,6 +439,7 @@ class Gateway:
                 finish_type=result.finish_type,
                 weight_version=result.weight_version,
                 routed_experts=result.routed_experts,
+                images=images,
             )
         )
 

@@ -19,9 +19,14 @@ from typing import Any
 
 # model_type -> (renderer, special tokens the tokenizer must carry for that renderer)
 _QWEN3_TOKENS = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</think>")
+_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "qwen3": ("qwen3", _QWEN3_TOKENS),
     "qwen3_moe": ("qwen3", _QWEN3_TOKENS),  # the same chat template and tool format as the dense models
+    # Qwen2.5-VL / Qwen3-VL checkpoints (the tiny VLM): ChatML, <|vision_start|><|image_pad|><|vision_end|>
+    # per image, expanded by the engine (`rollouts/images.py`)
+    "qwen2_5_vl": ("qwen3-vl", (*_QWEN3_TOKENS, *_VISION_TOKENS)),
+    "qwen3_vl": ("qwen3-vl", (*_QWEN3_TOKENS, *_VISION_TOKENS)),
 }
 
 

@@ -8,7 +8,9 @@ Invariants (enforced by the code that builds them, stated here so all agree):
   has `routed_experts` (rows) when the run replays MoE routing;
 - an `Episode` is one trained trajectory: a multi-agent verifiers episode gives one per trained seat
   trace, each with its `seat` name;
-- an `idle` episode (a seat that never acted) has no token and `error` None.
+- an `idle` episode (a seat that never acted) has no token and `error` None;
+- each of an episode's `images` lies inside `token_ids` (`offset + length <= len(token_ids)`), its tokens
+  are prompt tokens (`loss_mask` False, version -1), and the images are in token order.
 """
 
 from __future__ import annotations
@@ -32,6 +34,19 @@ class PolicySpan:
 
     start: int
     end: int
+
+
+@dataclass(frozen=True)
+class EpisodeImage:
+    """One image of an episode: its source (a data URL or a local path, as the env gave it), where its
+    placeholder tokens sit in `Episode.token_ids` (`offset`, `length`), the processor's `(t, h, w)`
+    patch grid, and the model turn (0-based) whose prompt first showed it."""
+
+    url: str
+    offset: int
+    length: int
+    grid_thw: tuple[int, int, int]
+    turn: int
 
 
 @dataclass
@@ -58,6 +73,8 @@ class Episode:
     metrics: dict[str, Any] = field(default_factory=dict)
     seat: str = "agent"
     """The verifiers agent seat (config field name) whose trace this is; "agent" for single-agent envs."""
+    images: list[EpisodeImage] = field(default_factory=list)
+    """The images in `token_ids` (a vision-language model's prompts), in token order; empty for text."""
 
     @property
     def num_completion_tokens(self) -> int:

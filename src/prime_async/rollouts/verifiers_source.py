@@ -38,6 +38,7 @@ from prime_async.config.env import EnvBaseConfig
 from prime_async.engine_api import EngineClient, SamplingParams
 from prime_async.rollouts import prompt_limit, token_bridge
 from prime_async.rollouts.gateway import Gateway, GatewayCall
+from prime_async.rollouts.images import image_placer
 from prime_async.rollouts.renderer_choice import check_tools_renderer, choose_renderer
 from prime_async.rollouts.runners import make_runner
 from prime_async.rollouts.tasks import LazyTasks
@@ -111,8 +112,9 @@ class VerifiersRolloutSource:
         self.model_path = model_path
         self.seq_len = seq_len
         self.gateway = Gateway(
-            engines=engines, seq_len=seq_len, host=env_cfg.gateway_host, port=env_cfg.gateway_port, gate=gate
-        )
+            engines=engines, seq_len=seq_len, host=env_cfg.gateway_host, port=env_cfg.gateway_port, gate=gate,
+            images=image_placer(model_path),
+        )  # fmt: skip
         self.runner = make_runner(env_cfg)
         self._env: Any = None
         self._tasks: list[Any] | LazyTasks = []
