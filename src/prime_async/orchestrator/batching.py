@@ -23,7 +23,10 @@ Invariants:
   unit's first sample;
 - every rank gets the same number of micro-batches (FSDP ranks must run the same number of steps): a rank
   short of rows gets padding rows (`MicroBatch.padding`: no loss token);
-- `num_loss_tokens` counts loss tokens over all ranks; `min_dispatch_version` is the oldest group's.
+- `num_loss_tokens` counts loss tokens over all ranks; `min_dispatch_version` is the oldest group's;
+- an episode's images travel in the row that holds its tokens (`MicroBatch.images`, row offsets), each
+  image once: a shared prefix never ends inside an image nor past an image that differs between the
+  episodes (equal placeholder tokens do not mean equal images), so a prefix image is the first sample's.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ import numpy as np
 
 from prime_async.config.orchestrator import AdvantageConfig, TeacherConfig
 from prime_async.orchestrator.types import Group
+from prime_async.rollouts.images import image_bytes
 from prime_async.rollouts.types import Episode
 from prime_async.transport.packing import balance_rows, pack_rows
-from prime_async.transport.types import MicroBatch, TrainBatch
+from prime_async.transport.types import MicroBatch, RowImage, TrainBatch
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +102,21 @@ def shared_prefix_length(episodes: list[Episode]) -> int:
         differ = np.flatnonzero(ids != first[: ids.shape[0]])
         if differ.size:
             limit = min(limit, int(differ[0]))
-    return max(limit, 0)
+    return max(min(limit, _image_cut(episodes, limit)), 0)
+
+
+def _image_cut(episodes: list[Episode], limit: int) -> int:
+    """The longest prefix <= `limit` that ends neither inside an image nor past one that differs from the
+    first episode's image at the same place."""
+    first = {im.offset: im.url for im in episodes[0].images}
+    for ep in episodes:
+        for im in ep.images:
+            if im.offset >= limit:
+                break
+            if im.offset + im.length > limit or first.get(im.offset) != im.url:
+                limit = im.offset
+                break
+    return limit
 
 
 def _group_units(samples: list[_Sample], seq_len: int, share_prefix: bool) -> list[_Unit]:
@@ -118,6 +136,7 @@ def _group_units(samples: list[_Sample], seq_len: int, share_prefix: bool) -> li
 def _row_to_micro_batch(row: list[_Unit], with_teacher: bool = False) -> MicroBatch:
     input_ids, positions, mask, adv, logp, versions, teacher = [], [], [], [], [], [], []
     routes = _row_routes(row)
+    images = _row_images(row)
     for unit in row:
         for i, s in enumerate(unit.samples):
             ep, start = s.episode, (unit.shared if i else 0)
@@ -141,7 +160,24 @@ def _row_to_micro_batch(row: list[_Unit], with_teacher: bool = False) -> MicroBa
         token_versions=np.asarray(versions, dtype=np.int32),
         routed_experts=routes,
         teacher_logprobs=np.asarray(teacher, dtype=np.float32) if with_teacher else None,
+        images=images,
     )
+
+
+def _row_images(row: list[_Unit]) -> list[RowImage]:
+    """The images of a row's samples at their row offsets, in token order; a branch's images inside its
+    shared prefix are its block's first sample's (not repeated)."""
+    out: list[RowImage] = []
+    at = 0  # where the sample's first packed token lands in the row
+    for unit in row:
+        for i, s in enumerate(unit.samples):
+            ep, start = s.episode, (unit.shared if i else 0)
+            for im in ep.images:
+                if im.offset >= start:
+                    data = image_bytes(im.url)
+                    out.append(RowImage(at + im.offset - start, im.length, im.grid_thw, data))
+            at += len(ep.token_ids) - start
+    return out
 
 
 def _row_routes(row: list[_Unit]) -> np.ndarray | None:

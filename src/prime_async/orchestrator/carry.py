@@ -31,7 +31,8 @@ from typing import Any
 
 from prime_async.orchestrator.types import CarriedGroup, Group
 from prime_async.rollouts.gateway import GatewayCall
-from prime_async.rollouts.types import Episode, PolicySpan
+from prime_async.rollouts.images import ImagePrompt, PromptImages
+from prime_async.rollouts.types import Episode, EpisodeImage, PolicySpan
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,28 @@ def encode_call(call: GatewayCall) -> dict[str, Any]:
         "prompt_ids": call.prompt_ids, "output_ids": call.output_ids, "output_logprobs": call.output_logprobs,
         "token_versions": call.token_versions, "finish_type": call.finish_type,
         "weight_version": call.weight_version, "routed_experts": experts,
+        "images": None if call.images is None else _encode_prompt_images(call.images),
     }  # fmt: skip
+
+
+def _encode_prompt_images(images: ImagePrompt) -> dict[str, Any]:
+    placed = images.images
+    return {
+        "engine_ids": images.engine_ids,
+        "urls": placed.urls,
+        "spans": placed.spans,
+        "grids": placed.grid_thw,
+    }
+
+
+def _decode_prompt_images(d: dict[str, Any] | None) -> ImagePrompt | None:
+    if d is None:
+        return None
+    placed = PromptImages(
+        urls=list(d["urls"]), spans=[(int(o), int(n)) for o, n in d["spans"]],
+        grid_thw=[(int(t), int(h), int(w)) for t, h, w in d["grids"]],
+    )  # fmt: skip
+    return ImagePrompt(engine_ids=list(d["engine_ids"]), images=placed)
 
 
 def decode_call(d: dict[str, Any]) -> GatewayCall:
@@ -58,6 +80,7 @@ def decode_call(d: dict[str, Any]) -> GatewayCall:
         prompt_ids=list(d["prompt_ids"]), output_ids=list(d["output_ids"]),
         output_logprobs=list(d["output_logprobs"]), token_versions=list(d["token_versions"]),
         finish_type=d["finish_type"], weight_version=int(d["weight_version"]), routed_experts=experts,
+        images=_decode_prompt_images(d.get("images")),
     )  # fmt: skip
 
 
@@ -79,6 +102,7 @@ def encode_episode(ep: Episode) -> dict[str, Any]:
         overlong=ep.overlong, seat=ep.seat, metrics=_json_metrics(ep.metrics),
         span=None if ep.span is None else [ep.span.start, ep.span.end],
         routed_experts=None if ep.routed_experts is None else ep.routed_experts.tolist(),
+        images=[[im.url, im.offset, im.length, list(im.grid_thw), im.turn] for im in ep.images],
     )  # fmt: skip
     return out
 
@@ -97,6 +121,8 @@ def decode_episode(d: dict[str, Any]) -> Episode:
         span=None if span is None else PolicySpan(int(span[0]), int(span[1])), status=d["status"],
         error=d.get("error"), truncated=bool(d["truncated"]), overlong=bool(d["overlong"]),
         metrics=dict(d.get("metrics") or {}), seat=d.get("seat", "agent"),
+        images=[EpisodeImage(u, int(o), int(n), (int(g[0]), int(g[1]), int(g[2])), int(t))
+                for u, o, n, g, t in d.get("images") or []],
     )  # fmt: skip
 
 

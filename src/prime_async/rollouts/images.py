@@ -64,6 +64,13 @@ def image_urls(content_parts: Any) -> list[str]:
     return urls
 
 
+def image_bytes(url: str) -> bytes:
+    """The encoded image file of a data URL or a local path (what the trainer decodes)."""
+    if url.startswith("data:"):
+        return base64.b64decode(url.partition(",")[2])
+    return Path(url.removeprefix("file://")).read_bytes()
+
+
 def load_image(url: str, index: int) -> Any:
     """The PIL image (RGB) of a data URL or a local path; `ImageError` naming image `index` otherwise."""
     from PIL import Image, UnidentifiedImageError

@@ -18,6 +18,8 @@ Invariants:
 - `teacher_logprobs` (on-policy distillation, else None) is (T,) float32: the teacher's logprob of token t
   given the tokens before it, at the sampling temperature, on loss tokens (0.0 elsewhere); a batch
   carries it on every row iff its `teacher_kl_weight` > 0.
+- `images` (a vision-language model's rows) are in token order, each whole inside the row: its
+  `length` placeholder tokens from `offset` on are the model's image token, and no two overlap.
 """
 
 from __future__ import annotations
@@ -37,6 +39,20 @@ ARRAY_DTYPES: dict[str, np.dtype] = {
 
 
 ROUTES_DTYPE = np.dtype(np.int16)
+
+
+@dataclass(frozen=True)
+class RowImage:
+    """One image of a packed row: its placeholder tokens `[offset, offset + length)` in the row, the
+    image processor's `(t, h, w)` patch grid, and the encoded image file (PNG, JPEG, ...) as the
+    environment gave it; the trainer turns it into pixel values with the model's image processor."""
+
+    offset: int
+    length: int
+    grid_thw: tuple[int, int, int]
+    data: bytes
+
+
 PADDING_TOKENS = 2
 
 
@@ -52,6 +68,7 @@ class MicroBatch:
     token_versions: np.ndarray
     routed_experts: np.ndarray | None = None
     teacher_logprobs: np.ndarray | None = None
+    images: list[RowImage] = field(default_factory=list)
 
     @classmethod
     def padding(cls) -> MicroBatch:

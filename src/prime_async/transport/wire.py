@@ -8,13 +8,15 @@
 A batch message for rank r holds, for each of its micro-batches in order, one frame per array of
 `ARRAY_NAMES` (so `6 * num_micro_batches` array frames), then `routed_experts` when `routes_width` > 0
 and `teacher_logprobs` when `teacher_kl_weight` > 0. Each frame is the raw little-endian bytes of a
-flat array; `BatchHeader.arrays` says its name, dtype and length.
+flat array; `BatchHeader.arrays` says its name, dtype and length. After every array frame come the rows'
+images, one frame each (the encoded image file), in the order of `BatchHeader.images`.
 
 Invariants (checked by `decode_*`, which raise `WireError`, never skip):
 - the first frame decodes to a known message type (tagged msgspec union);
 - frame count, names, dtypes and byte sizes match the header; no frame exceeds `max_frame_bytes`;
 - every array of a micro-batch has the micro-batch's length from `layout[rank]`;
-- temperature is finite and > 0, `num_loss_tokens` >= this rank's loss tokens.
+- temperature is finite and > 0, `num_loss_tokens` >= this rank's loss tokens;
+- every image lies inside its micro-batch, in token order, its frame `nbytes` long.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import math
 import msgspec
 import numpy as np
 
-from prime_async.transport.types import ARRAY_DTYPES, ROUTES_DTYPE, MicroBatch, TrainBatch
+from prime_async.transport.types import ARRAY_DTYPES, ROUTES_DTYPE, MicroBatch, RowImage, TrainBatch
 
 ARRAY_NAMES: tuple[str, ...] = tuple(ARRAY_DTYPES)
-PROTOCOL_VERSION = 4  # 2: rows may hold branches; 3: optional routed experts; 4: optional teacher logprobs
+PROTOCOL_VERSION = 5  # 2: branches; 3: routed experts; 4: teacher logprobs; 5: rows' images
 ROUTES = "routed_experts"
 TEACHER = "teacher_logprobs"
 TEACHER_DTYPE = np.dtype(np.float32)
@@ -42,6 +44,16 @@ class ArraySpec(msgspec.Struct, frozen=True):
     name: str
     dtype: str
     length: int
+
+
+class ImageSpec(msgspec.Struct, frozen=True):
+    """One image of this rank's micro-batch `micro_batch` (`RowImage` without its bytes)."""
+
+    micro_batch: int
+    offset: int
+    length: int
+    grid_thw: tuple[int, int, int]
+    nbytes: int
 
 
 class Request(msgspec.Struct, tag="request", frozen=True):
@@ -69,6 +81,7 @@ class BatchHeader(msgspec.Struct, tag="batch", frozen=True):
     max_dispatch_version: int = -1  # newest group's; -1 = not reported (older senders)
     routes_width: int = 0  # > 0: every micro-batch has a `routed_experts` frame of (length, routes_width)
     teacher_kl_weight: float = 0.0  # > 0: every micro-batch has a `teacher_logprobs` frame (after routes)
+    images: list[ImageSpec] = []  # the rows' images, one frame each after all array frames
 
 
 class ErrorReply(msgspec.Struct, tag="error", frozen=True):
@@ -123,7 +136,16 @@ def encode_rank_slice(batch: TrainBatch, rank: int) -> list[bytes | memoryview]:
                 raise WireError(f"teacher_logprobs {teacher.shape} != ({mb.num_tokens},)")
             arrays.append(ArraySpec(name=TEACHER, dtype=teacher.dtype.str, length=int(teacher.size)))
             frames.append(memoryview(teacher).cast("B"))
+    images = [
+        ImageSpec(
+            micro_batch=i, offset=im.offset, length=im.length, grid_thw=im.grid_thw, nbytes=len(im.data)
+        )
+        for i, mb in enumerate(batch.micro_batches[rank])
+        for im in mb.images
+    ]
+    frames.extend(im.data for mb in batch.micro_batches[rank] for im in mb.images)
     header = BatchHeader(
+        images=images,
         step=batch.step,
         rank=rank,
         world_size=world_size,
@@ -174,7 +196,7 @@ def _check_header(header: BatchHeader, num_frames: int) -> None:
     if not (math.isfinite(header.teacher_kl_weight) and header.teacher_kl_weight >= 0):
         raise WireError(f"teacher_kl_weight must be finite and >= 0, got {header.teacher_kl_weight}")
     expected = len(header.layout[header.rank]) * len(_frame_names(header))
-    if len(header.arrays) != expected or num_frames != expected:
+    if len(header.arrays) != expected or num_frames != expected + len(header.images):
         raise WireError(
             f"step {header.step} rank {header.rank}: expected {expected} array frames, "
             f"header lists {len(header.arrays)}, got {num_frames}"
@@ -225,9 +247,35 @@ def decode_rank_slice(
         if width:
             arrays[ROUTES] = arrays[ROUTES].reshape(length, width)
         micro_batches.append(MicroBatch(**arrays))
+    _attach_images(msg, micro_batches, frames[1 + len(msg.arrays) :], max_frame_bytes)
     local_loss_tokens = sum(mb.num_loss_tokens for mb in micro_batches)
     if local_loss_tokens > msg.num_loss_tokens:
         raise WireError(
             f"rank holds {local_loss_tokens} loss tokens > batch num_loss_tokens {msg.num_loss_tokens}"
         )
     return msg, micro_batches
+
+
+def _attach_images(
+    header: BatchHeader,
+    micro_batches: list[MicroBatch],
+    frames: list[bytes | memoryview],
+    max_frame_bytes: int,
+) -> None:
+    """The image frames onto their micro-batches, each checked against its spec and its row."""
+    ends = [0] * len(micro_batches)  # where the previous image of each row ended
+    for spec, frame in zip(header.images, frames, strict=True):
+        nbytes = len(frame) if isinstance(frame, bytes) else frame.nbytes
+        if not 0 <= spec.micro_batch < len(micro_batches):
+            raise WireError(f"image of micro-batch {spec.micro_batch}: this rank has {len(micro_batches)}")
+        mb = micro_batches[spec.micro_batch]
+        if (
+            spec.offset < ends[spec.micro_batch]
+            or spec.length < 1
+            or spec.offset + spec.length > mb.num_tokens
+        ):
+            raise WireError(f"image at {spec.offset}+{spec.length} is out of order or outside its row")
+        if nbytes != spec.nbytes or nbytes > max_frame_bytes:
+            raise WireError(f"image frame of {nbytes} bytes (spec {spec.nbytes}, max {max_frame_bytes})")
+        ends[spec.micro_batch] = spec.offset + spec.length
+        mb.images.append(RowImage(spec.offset, spec.length, tuple(spec.grid_thw), bytes(frame)))
