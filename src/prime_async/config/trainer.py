@@ -65,6 +65,11 @@ class OptimConfig(BaseConfig):
         "normalized by its own loss tokens. A mini-batch without loss tokens on every rank takes no step. "
         "The batch still publishes one version; the LR schedule counts batches.",
     )
+    vision_tower: Literal["trained", "frozen"] = Field(
+        "trained",
+        description="A vision-language model's vision tower (and its projector): trained with the rest, or "
+        "frozen (its weights never change; published weights still hold it). Ignored for text models.",
+    )
 
 
 class MaskLossConfig(BaseConfig):

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from prime_async.config.trainer import TrainerConfig
-from prime_async.trainer import ckpt, lora, probe_reference
+from prime_async.trainer import ckpt, lora, probe_reference, vision
 from prime_async.trainer.loss import LossFn, build_loss_fn
 from prime_async.trainer.mini_batches import OffPolicyClock, plan_mini_batches
 from prime_async.trainer.optim import build_optimizer, build_scheduler
@@ -51,10 +51,12 @@ from prime_async.utils.dtypes import resolve_dtype
 
 
 def load_model(cfg: TrainerConfig, device: torch.device) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+    """The HF model of `cfg.model.path`: a causal LM, or a vision-language model (`trainer/vision.py`)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     dtype = resolve_dtype(cfg.model.dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype, attn_implementation="sdpa")
+    auto = AutoModelForImageTextToText if vision.is_vision_language(cfg.model.path) else AutoModelForCausalLM
+    model = auto.from_pretrained(cfg.model.path, dtype=dtype, attn_implementation="sdpa")
     model.config.use_cache = False
     return model.to(device).train()
 
@@ -116,14 +118,19 @@ def micro_batch_pass(
     grad_scale: float,
     effective_steps: np.ndarray | None = None,
     replay: RouterReplay | None = None,
+    images: vision.RowVision | None = None,
 ) -> tuple[float, TokenStats]:
     """Forward + backward of one packed row; returns its (unscaled) loss share and token statistics.
     `replay`: MoE layers reuse the engine's routing of the row (`mb.routed_experts`), in the forward and
-    in the backward too (activation checkpointing runs the forward again there)."""
+    in the backward too (activation checkpointing runs the forward again there); `images`: a
+    vision-language model's row inputs (`trainer/vision.py`)."""
     row = RowTensors.of(mb, model_device(model))
     routes = mb.routed_experts if replay is not None else None
+    extra = images.inputs(mb, row.ids.device) if images is not None else None
     with replay.replaying(routes, row.ids.device) if replay is not None else nullcontext():
-        logp, entropy = packed_logprobs(model, row.ids, row.pos, temperature, loss_mask=row.mask)
+        logp, entropy = packed_logprobs(
+            model, row.ids, row.pos, temperature, loss_mask=row.mask, vision=extra
+        )
         loss, stats = row_loss(
             row, logp, entropy, loss_fn=loss_fn, num_loss_tokens=num_loss_tokens,
             effective_steps=effective_steps, unknown_version=mb.token_versions < 0,
@@ -141,6 +148,7 @@ class PassSettings:
     grad_scale: float  # world size under FSDP (undoes its gradient averaging), else 1
     max_grad_norm: float
     replay: RouterReplay | None = None  # MoE routing replay (`trainer.router_replay`)
+    images: vision.RowVision | None = None  # a vision-language model's row inputs
 
 
 @dataclass
@@ -173,6 +181,7 @@ def mini_batch_step(
             grad_scale=settings.grad_scale,
             effective_steps=distance(mb),
             replay=settings.replay,
+            images=settings.images,
         )
         loss_sum += loss
         stats = stats.merge(mb_stats)
@@ -199,6 +208,7 @@ def train_step(
     loss_fn,
     world_size: int,
     replay: RouterReplay | None = None,
+    images: vision.RowVision | None = None,
 ) -> dict[str, float]:
     """`optim.num_steps_per_batch` mini-batch steps over this rank's micro-batches, then one LR step."""
     if batch.num_loss_tokens < 1:
@@ -215,6 +225,7 @@ def train_step(
         grad_scale=float(world_size) if dist.is_initialized() else 1.0,
         max_grad_norm=cfg.optim.max_grad_norm,
         replay=replay,
+        images=images,
     )
     plan = plan_mini_batches(micro_batches, num_steps, num_loss_tokens=batch.num_loss_tokens, step=batch.step)
     lr = optimizer.param_groups[0]["lr"]
@@ -258,6 +269,11 @@ class FsdpBackend:
         if cfg.lora is not None:  # adapters injected in place: `model` stays the module that is trained
             self.peft_model = lora.apply_lora(model, cfg.lora, cfg.model.path)
         self.replay = RouterReplay(model) if cfg.router_replay else None  # before FSDP wraps the layers
+        self.images = (
+            vision.RowVision(model, cfg.model.path) if vision.is_vision_language(cfg.model.path) else None
+        )
+        if self.images is not None and cfg.optim.vision_tower == "frozen":
+            vision.freeze_vision_tower(model)
         mesh = None
         if dist.is_initialized():
             from torch.distributed.device_mesh import init_device_mesh
@@ -280,6 +296,7 @@ class FsdpBackend:
             loss_fn=self.loss_fn,
             world_size=self.world_size,
             replay=self.replay,
+            images=self.images,
         )
 
     def pretrained_config(self):

@@ -59,31 +59,33 @@ def packed_logprobs(
     position_ids: torch.Tensor,
     temperature: float,
     loss_mask: torch.Tensor | None = None,
+    vision: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob (T,) of each token under the model at `temperature`, and the entropy (T,) of the
     distribution it was sampled from; position 0 of the row (no predecessor) gets 0 for both.
 
     With `loss_mask`, only loss tokens get values (0 elsewhere) and the LM head runs only on the positions
-    that predict them (HF's `logits_to_keep`): prompt positions cost no vocab-sized work.
+    that predict them (HF's `logits_to_keep`): prompt positions cost no vocab-sized work. `vision`: a
+    vision-language row's pixel values, grids and (4, 1, T) positions (`trainer/vision.py`).
     """
     rows = logit_rows(input_ids.shape[0], loss_mask, input_ids.device)
-    return scatter_rows(row_logits(model, input_ids, position_ids, rows), rows, input_ids, temperature)
+    logits = row_logits(model, input_ids, position_ids, rows, vision)
+    return scatter_rows(logits, rows, input_ids, temperature)
 
 
 def row_logits(
-    model, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor
-) -> torch.Tensor:
+    model, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor,
+    vision: dict[str, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Forward of one packed row (T,) through an HF causal LM; logits (N, V) of positions `rows` only.
-    A row with branches runs with its explicit (1, 1, T, T) mask (True = attend, SDPA's convention)."""
+    A row with branches runs with its explicit (1, 1, T, T) mask (True = attend, SDPA's convention); a
+    row with images gets `vision`'s inputs (its positions replace the plain ones)."""
     mask = None
     if has_branches(position_ids):
         mask = attention_mask(position_ids)[None, None]
+    inputs = {"position_ids": position_ids[None], **(vision or {})}
     out = model(
-        input_ids=input_ids[None],
-        position_ids=position_ids[None],
-        attention_mask=mask,
-        use_cache=False,
-        logits_to_keep=rows,
+        input_ids=input_ids[None], attention_mask=mask, use_cache=False, logits_to_keep=rows, **inputs
     )
     return out.logits[0]
 

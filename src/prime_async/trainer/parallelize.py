@@ -16,7 +16,9 @@ logger = logging.getLogger(__name__)
 
 
 def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    inner = getattr(model, "model", None)
+    inner = getattr(inner, "language_model", inner)  # a vision-language model's decoder
+    layers = getattr(inner, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         raise ValueError(f"{type(model).__name__} has no `model.layers`: cannot parallelize per layer")
     return layers
