@@ -126,3 +126,16 @@ def test_vision_tower_frozen_or_trained(model_and_tok) -> None:
     assert any(p.requires_grad for p in model.lm_head.parameters())
     for p in tower.parameters():
         p.requires_grad_(True)
+
+
+def test_megatron_refuses_a_vision_language_model(tiny_vlm_model_dir: Path) -> None:
+    from prime_async.config.shared import ModelConfig
+    from prime_async.config.trainer import TrainerConfig
+
+    for model in (
+        ModelConfig(path="models/none", build="tiny_vlm"),
+        ModelConfig(path=str(tiny_vlm_model_dir)),
+    ):
+        with pytest.raises(ValueError, match="does not train vision-language models") as e:
+            TrainerConfig(backend="megatron", model=model)
+        assert "\n" not in str(e.value).split("does not train")[1].split("[type")[0].strip()

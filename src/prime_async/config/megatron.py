@@ -128,8 +128,19 @@ def rope_settings(hf: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def refuse_vision_language(hf: dict | None, what: str) -> None:
+    """Refuse a vision-language model (`hf`: its config.json, None when unknown; a `vision_config` in it)
+    with one line naming `what`: the megatron backend has no vision encoder."""
+    if hf is not None and "vision_config" in hf:
+        raise ValueError(
+            f"trainer.backend = 'megatron' does not train vision-language models ({what} has a vision tower; "
+            "the megatron backend builds a text-only GPTModel): use trainer.backend = 'fsdp'"
+        )
+
+
 def validate_megatron_setup(megatron: MegatronConfig, model_path: str | Path) -> None:
     """Fail early, with one clear line, on anything the megatron backend cannot run."""
+    refuse_vision_language(find_hf_config(model_path), str(model_path))
     if not megatron_installed():
         raise ValueError(
             "trainer.backend = 'megatron' needs megatron-core: install the extra with "

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from prime_async.config.base import BaseConfig
 from prime_async.config.health import HealthConfig
-from prime_async.config.megatron import MegatronConfig, validate_megatron_setup
+from prime_async.config.megatron import MegatronConfig, refuse_vision_language, validate_megatron_setup
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
     LogConfig,
@@ -327,6 +327,8 @@ class TrainerConfig(BaseConfig):
     @model_validator(mode="after")
     def _check_megatron(self) -> TrainerConfig:
         if self.backend == "megatron":
+            if self.model.build == "tiny_vlm":
+                refuse_vision_language({"vision_config": {}}, "model.build = 'tiny_vlm'")
             validate_megatron_setup(self.megatron, self.model.path)
             if self.router_replay:
                 raise ValueError(
