@@ -76,6 +76,30 @@ class GenerateReqInput(_Strict):
     return_routed_experts: bool = Field(
         False, description="MoE: `meta_info.routed_experts`, the experts of every position (SGLang's field)."
     )
+    image_data: str | list[str | list[str] | None] | None = Field(
+        None,
+        description="SGLang's field: the images of each prompt (a batch: one entry per prompt, a string or "
+        "a list; one prompt: a string or its list), each a data URL, base64 or a local path; image k "
+        "fills the k-th run of image placeholder tokens (`inference/images.py`).",
+    )
+
+    def images(self, n: int) -> list[list[str]]:
+        """The image items of each of the `n` prompts (empty: none)."""
+        data = self.image_data
+        if data is None:
+            return [[] for _ in range(n)]
+        batched = bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        if not batched:
+            if isinstance(data, str):
+                return [[data]]
+            if len(data) == 1 and isinstance(data[0], list):
+                return [data[0]]
+            if any(not isinstance(x, str) for x in data):
+                raise ValueError("image_data for one prompt is a string or a list of strings")
+            return [list(data)]  # type: ignore[arg-type]
+        if not isinstance(data, list) or len(data) != n:
+            raise ValueError(f"image_data must be a list with one entry per prompt ({n}) for a batch")
+        return [[] if x is None else [x] if isinstance(x, str) else list(x) for x in data]
 
     def loras(self, n: int) -> list[str | None]:
         """The adapter name of each of the `n` prompts (a single string applies to all)."""

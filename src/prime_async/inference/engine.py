@@ -20,6 +20,9 @@ Invariants:
 - Every submitted request is resolved exactly once (result or exception), also on shutdown.
 - A decode step runs through `ModelRunner.decode_rows`: padded to a batch bucket and replayed as a CUDA
   graph by default on CUDA (`decode_step`, `inference/static_decode.py`), eager for steps with LoRA rows.
+- A request with images (`ImagePrompt`, vision-language models) runs its images through the vision tower
+  at every prefill of it (a retracted request's re-prefill included; the tower's cache serves an image it
+  already encoded under the same weights); its decode steps are those of any request.
 - `deterministic`: one request runs at a time (prefill alone, then decode at batch size 1), so its tokens
   and logprobs never depend on other requests (batch invariance); with a `sampling_seed` they are a
   function of the prompt, the seed and the weights only.
@@ -42,6 +45,7 @@ import torch
 
 from prime_async.inference.engine_adapters import AdapterRegistry
 from prime_async.inference.engine_settings import EngineSettings
+from prime_async.inference.images import ImagePrompt
 from prime_async.inference.lora import Adapter
 from prime_async.inference.model_runner import ModelRunner
 from prime_async.inference.sampler import SamplingParams, sample
@@ -74,6 +78,7 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     generator: torch.Generator | None
     adapter: Adapter | None = None  # LoRA adapter named by the request (`lora_path`), None = base model
+    images: ImagePrompt | None = None  # its images (`prompt` is then `images.ids`, placeholders expanded)
     created: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -111,7 +116,7 @@ class Engine:
         self.max_len = s.slots.max_len
         self.max_prefill_tokens = s.slots.max_prefill_tokens
         self.vocab_size = self.runner.vocab_size
-        eos = self.runner.model.config.eos_token_id
+        eos = self.runner.text_config.eos_token_id
         gen_eos = getattr(getattr(self.runner.model, "generation_config", None), "eos_token_id", None)
         self.eos_ids = {
             e for x in (eos, gen_eos) if x is not None for e in (x if isinstance(x, list) else [x])
@@ -159,10 +164,12 @@ class Engine:
         lora: str | None = None,
         *,
         return_routed_experts: bool = False,
+        images: ImagePrompt | None = None,
     ) -> RequestOutput:
         """Run one request; `lora` names a loaded adapter (ValueError if it is not loaded).
         `return_routed_experts` (MoE models): the output carries the experts of every position the model
-        ran through (prompt and sampled tokens but the last), as SGLang's field of that name."""
+        ran through (prompt and sampled tokens but the last), as SGLang's field of that name. `images`:
+        the prompt's images (`input_ids` is then `images.ids`)."""
         loop = asyncio.get_running_loop()
         adapter = None
         if lora is not None:
@@ -176,6 +183,7 @@ class Engine:
             rid or uuid.uuid4().hex, list(input_ids), params, loop.create_future(), loop, gen, adapter
         )
         req.keep_routes = return_routed_experts
+        req.images = images
         if adapter is not None:
             adapter.refs += 1
         try:
@@ -186,19 +194,29 @@ class Engine:
             if adapter is not None:
                 adapter.refs -= 1
 
-    async def score(self, prompts: list[list[int]], temperatures: list[float]) -> list[list[float | None]]:
+    async def score(
+        self,
+        prompts: list[list[int]],
+        temperatures: list[float],
+        images: list[ImagePrompt | None] | None = None,
+    ) -> list[list[float | None]]:
         """Prefill-only scoring (SGLang's `max_new_tokens = 0` with `return_logprob`): per prompt, the
         logprob of each token given the ones before it, None for the first; one forward for all prompts,
-        run between engine steps (running requests and their caches are untouched)."""
-        scored = await self._call(lambda: self.runner.score(prompts, temperatures))
+        run between engine steps (running requests and their caches are untouched). `images[r]`: prompt
+        r's images."""
+        scored = await self._call(lambda: self.runner.score(prompts, temperatures, images))
         return [[None, *lps] for lps in scored]
 
     async def score_top(
-        self, prompts: list[list[int]], temperatures: list[float], top_n: int
+        self,
+        prompts: list[list[int]],
+        temperatures: list[float],
+        top_n: int,
+        images: list[ImagePrompt | None] | None = None,
     ) -> list[tuple[list[float | None], list[list[tuple[float, int]] | None]]]:
         """`score`, with the `top_n` most likely (logprob, token id) of every position (None for the
         first), SGLang's `input_top_logprobs`."""
-        scored = await self._call(lambda: self.runner.score_top(prompts, temperatures, top_n))
+        scored = await self._call(lambda: self.runner.score_top(prompts, temperatures, top_n, images))
         return [([None, *lps], [None, *tops]) for lps, tops in scored]
 
     async def load_lora_adapter(self, name: str, path: str) -> list[str]:
@@ -254,8 +272,16 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """Queue lengths, tokens generated, and `busy_s`: seconds the engine thread spent in forward steps
-        (prefill or decode) since start; with `uptime_s`, the fraction of time the engine was busy."""
+        (prefill or decode) since start; with `uptime_s`, the fraction of time the engine was busy.
+        Vision-language models: `vision_s` (seconds in the vision tower, part of `busy_s`),
+        `images_encoded`, `image_cache_hits`."""
+        vision = self.runner.vision
+        extra = {} if vision is None else {
+            "vision_s": vision.seconds, "images_encoded": vision.images_encoded,
+            "image_cache_hits": vision.cache_hits,
+        }  # fmt: skip
         return {
+            **extra,
             "busy_s": self.busy_s,
             "uptime_s": time.monotonic() - self._started_at,
             "num_running_reqs": len(self._running),
@@ -343,7 +369,8 @@ class Engine:
         first = len(self._running)
         self._running.extend(batch)  # before the forward: a failing step fails them with the others
         adapters = [r.adapter for r in batch]
-        logits = self.runner.prefill(prompts, list(range(first, first + len(batch))), adapters)
+        images = [r.images for r in batch]
+        logits = self.runner.prefill(prompts, list(range(first, first + len(batch))), adapters, images)
         routes = self.runner.take_routes() if any(r.keep_routes for r in batch) else None
         if routes is not None:  # a (re-)prefill recomputes every position's routing: it replaces the old
             for req, part in zip(batch, routes.split([len(p) for p in prompts]), strict=True):

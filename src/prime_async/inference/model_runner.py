@@ -21,6 +21,10 @@ Invariants:
   (`_bind_fused_params`): a weight load copies into them in place (never rebinds), so a captured decode
   step (`inference/static_decode.py`) sees the new weights. Only CPU's oneDNN-packed copies are rebuilt,
   and graphs run on CUDA only, where nothing is packed.
+- Vision-language models (`VISION_MODEL_TYPES`): a prompt's images are embedded by the vision tower
+  (`inference/vision.py`, cached by image until the next weight load) into its placeholder rows at
+  prefill, with M-RoPE positions; slot s decodes at rope position `position + rope_offset[s]` (the
+  prompt's delta, 0 without images), which prefill sets and `move_slot` moves with the slot.
 - Decode has two paths with the same math: `decode` (eager: shapes follow the batch, MoE experts run
   on their routed rows only, LoRA served) and `decode_rows` through `StaticDecoder` (shapes padded to a
   batch bucket and a span, no host sync; used unless `decode_step = "eager"` or a row has an adapter).
@@ -34,15 +38,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from prime_async.inference.images import ImagePrompt
 from prime_async.inference.linear import Kernels, Projection
 from prime_async.inference.lora import Adapter, RawAdapter, apply_adapters, stack_pairs
 from prime_async.inference.static_decode import CudaGraphs, DecodeStep, StaticDecoder, resolve_decode_step
+from prime_async.inference.vision import MRope, VisionTower, model_names, mrope_positions
 from prime_async.models.moe_layout import fuse_experts
 from prime_async.utils.dtypes import resolve_dtype
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "qwen3_moe"}
+SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "qwen2_5_vl"}
+VISION_MODEL_TYPES = {"qwen2_5_vl"}
+"""Vision-language models: loaded with `AutoModelForImageTextToText`, the language model forward is ours,
+the vision tower transformers' (`inference/vision.py`)."""
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -95,6 +104,17 @@ def _joint_norm_weight(att, num_heads: int, num_kv_heads: int) -> torch.Tensor |
     return torch.cat([q_w.expand(num_heads, -1), k_w.expand(num_kv_heads, -1)])
 
 
+def _load_model(model_path: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The HF model of `model_path` (ValueError for a model type the forward does not implement)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    model_type = AutoConfig.from_pretrained(model_path).model_type
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} unsupported by the torch engine: use sglang")
+    auto = AutoModelForImageTextToText if model_type in VISION_MODEL_TYPES else AutoModelForCausalLM
+    return auto.from_pretrained(model_path, dtype=dtype)
+
+
 class ModelRunner:
     """Owns the model weights (fused in place, plus packed copies for speed) and the KV cache."""
 
@@ -113,16 +133,14 @@ class ModelRunner:
     ):
         """`decode_step`: how `decode_rows` runs (`static_decode.resolve_decode_step`); `decode_buckets`:
         the batch sizes its steps are padded to (None: powers of two up to `num_slots`)."""
-        from transformers import AutoModelForCausalLM
-
         self.device = torch.device(device)
         torch_dtype = resolve_dtype(dtype, self.device)
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
-        )
-        cfg = self.model.config
-        if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model_type {cfg.model_type!r} unsupported by the torch engine: use sglang")
+        self.model = _load_model(model_path, torch_dtype).to(self.device).eval()
+        vlm = self.model.config.model_type in VISION_MODEL_TYPES
+        self.lm = self.model.model.language_model if vlm else self.model.model  # the decoder stack
+        cfg = self.text_config = self.model.config.get_text_config()
+        self.vision = VisionTower(self.model.model, self.device, torch_dtype) if vlm else None
+        self.merge = int(self.model.config.vision_config.spatial_merge_size) if vlm else 1
         self.dtype = torch_dtype
         self.vocab_size = int(cfg.vocab_size)
         self.num_heads = int(cfg.num_attention_heads)
@@ -136,6 +154,9 @@ class ModelRunner:
         self._routes: list[torch.Tensor] = []  # MoE: experts chosen per layer in the current forward
         self._groups: list[tuple[Adapter, torch.Tensor | None]] = []  # adapters of the current forward
         self._build_rope_table()
+        self.mrope = MRope(cfg.rope_parameters["mrope_section"], self.head_dim, self.device) if vlm else None
+        with torch.inference_mode():  # written in place by prefill and move_slot (a decode graph reads it)
+            self.rope_offset = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self._stale_fused = False  # a partial load happened: rebuild the derived weights first
         self._fused = self._bind_fused_params()
         self._fuse_weights()
@@ -159,7 +180,7 @@ class ModelRunner:
         """cos/sin for every position once (rope scaling included, via the model's rotary module)."""
         pos = torch.arange(self.max_len, device=self.device)[None]
         probe = torch.zeros(1, device=self.device, dtype=self.dtype)
-        cos, sin = self.model.model.rotary_emb(probe, pos)
+        cos, sin = self.lm.rotary_emb(probe, pos)
         half = self.head_dim // 2
         # rotate_half(x) * sin == roll(x, half) * cat(-sin1, sin2): one roll instead of a (D, D) matmul
         self.cos = cos[0]  # (max_len, head_dim)
@@ -169,7 +190,7 @@ class ModelRunner:
     def _bind_fused_params(self) -> list[dict[str, torch.Tensor]]:
         """Once: per layer, the buffers that q/k/v (weights, biases) and gate/up share (`_share_storage`)."""
         fused = []
-        for layer in self.model.model.layers:
+        for layer in self.lm.layers:
             att, mlp = layer.self_attn, layer.mlp
             bufs = {"qkv": _share_storage([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])}
             if not _is_moe(mlp):
@@ -187,7 +208,7 @@ class ModelRunner:
         """The projections of the forward (rebuilt after every weight load): the shared q/k/v and gate/up
         buffers, o, down and the LM head, each packed for the device's fastest kernel (`linear.py`)."""
         self.layers = []
-        for layer, bufs in zip(self.model.model.layers, self._fused, strict=True):
+        for layer, bufs in zip(self.lm.layers, self._fused, strict=True):
             att, mlp = layer.self_attn, layer.mlp
             if "qk_norm" in bufs:
                 bufs["qk_norm"].copy_(_joint_norm_weight(att, self.num_heads, self.num_kv_heads))
@@ -202,8 +223,8 @@ class ModelRunner:
                     **(_moe_weights(mlp) if _is_moe(mlp) else self._dense_mlp(mlp, bufs)),
                 }
             )
-        self.embed = self.model.model.embed_tokens.weight
-        self.final_norm = self.model.model.norm.weight
+        self.embed = self.lm.embed_tokens.weight
+        self.final_norm = self.lm.norm.weight
         self.lm_head = self._projection(self.model.get_output_embeddings().weight)
         for adapter in self.adapters.values():  # folded with the norm gains: refold on new base weights
             adapter.layers = self.fold_adapter(adapter.raw)
@@ -219,7 +240,7 @@ class ModelRunner:
     # ---- LoRA adapters (see inference/lora.py) -------------------------------------------------------
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(out, in) of every adaptable linear module of the (uniform) decoder layers."""
-        layer = self.model.model.layers[0]
+        layer = self.lm.layers[0]
         mods = {**dict(layer.self_attn.named_children()), **dict(layer.mlp.named_children())}
         return {n: tuple(m.weight.shape) for n, m in mods.items() if isinstance(m, torch.nn.Linear)}
 
@@ -230,7 +251,7 @@ class ModelRunner:
             raise ValueError("LoRA adapters on MoE models are not supported by the embedded engine")
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         layers = []
-        for i, layer in enumerate(self.model.model.layers):
+        for i, layer in enumerate(self.lm.layers):
 
             def pair(module: str, i: int = i):
                 found = raw.pairs.get((i, module))
@@ -301,6 +322,8 @@ class ModelRunner:
         """Validate then copy `state` into the model; ValueError naming `source` and nothing changed on
         error. `partial`: a subset of the tensors (one bucket of a distributed update); the derived
         weights are rebuilt before the next forward. Returns the number of tensors copied."""
+        if self.vision is not None:
+            state = model_names(state)
         expected = self.expected_tensors()
         sd = self.model.state_dict()
         missing = [] if partial else sorted(set(expected) - set(state))
@@ -317,6 +340,8 @@ class ModelRunner:
         targets = params if not partial else {n: params.get(n, sd[n]) for n in state}
         for name, p in targets.items():
             p.copy_(state[name].to(device=self.device, dtype=p.dtype))
+        if self.vision is not None:  # image embeddings of the old weights
+            self.vision.clear()
         if partial:
             self._stale_fused = True
         else:
@@ -360,6 +385,7 @@ class ModelRunner:
         for k, v in zip(self.k_cache, self.v_cache, strict=True):
             k[dst, :, :length] = k[src, :, :length]
             v[dst, :, :length] = v[src, :, :length]
+        self.rope_offset[dst] = self.rope_offset[src]
 
     @torch.inference_mode()
     def free_cache(self) -> None:
@@ -452,34 +478,48 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(
-        self, prompts: list[list[int]], slots: list[int], adapters: list[Adapter | None] | None = None
+        self,
+        prompts: list[list[int]],
+        slots: list[int],
+        adapters: list[Adapter | None] | None = None,
+        images: list[ImagePrompt | None] | None = None,
     ) -> torch.Tensor:
         """Run positions [0, T_r) of each prompt r into `slots[r]`; return each one's last logits (R, V).
-        `adapters[r]`: the LoRA adapter prompt r runs with (None: the base model).
+        `adapters[r]`: the LoRA adapter prompt r runs with (None: the base model); `images[r]`: its images
+        (their tokens lead prompt r; the slot's rope offset is set for its decode steps).
 
         Every projection runs once over the tokens of all prompts together (one pass over the weights);
         attention runs per prompt, so prompts never see each other.
         """
         lens = [len(p) for p in prompts]
         self.ensure_capacity(max(lens))
-        h = self._forward_prompts(prompts, slots, adapters)
+        h = self._forward_prompts(prompts, slots, adapters, images)
         ends = torch.tensor(lens, device=self.device).cumsum(0)
         return self._logits(h[ends - 1])
 
     @torch.inference_mode()
-    def score(self, prompts: list[list[int]], temperatures: list[float]) -> list[list[float]]:
+    def score(
+        self,
+        prompts: list[list[int]],
+        temperatures: list[float],
+        images: list[ImagePrompt | None] | None = None,
+    ) -> list[list[float]]:
         """Prefill-only scoring: for each prompt, log_softmax(logits / T)[token] of every token from
         position 1 on given the tokens before it (temperature 0 counts as 1, as in sampling). Nothing is
         cached: the running requests' slots are untouched. The base model (no adapter)."""
-        return [lps for lps, _ in self.score_top(prompts, temperatures, 0)]
+        return [lps for lps, _ in self.score_top(prompts, temperatures, 0, images)]
 
     @torch.inference_mode()
     def score_top(
-        self, prompts: list[list[int]], temperatures: list[float], top_n: int
+        self,
+        prompts: list[list[int]],
+        temperatures: list[float],
+        top_n: int,
+        images: list[ImagePrompt | None] | None = None,
     ) -> list[tuple[list[float], list[list[tuple[float, int]]]]]:
         """`score`, and per prompt the `top_n` most likely (logprob, token id) of every position from 1
         on, most likely first (SGLang's `input_top_logprobs`; top_n >= the vocabulary: all of it)."""
-        h = self._forward_prompts(prompts, None, None)
+        h = self._forward_prompts(prompts, None, None, images)
         out = []
         for part, prompt, temp in zip(h.split([len(p) for p in prompts]), prompts, temperatures, strict=True):
             logits = self._logits(part[:-1]) / (temp if temp > 0 else 1.0)
@@ -494,10 +534,14 @@ class ModelRunner:
         return out
 
     def _forward_prompts(
-        self, prompts: list[list[int]], slots: list[int] | None, adapters: list[Adapter | None] | None
+        self,
+        prompts: list[list[int]],
+        slots: list[int] | None,
+        adapters: list[Adapter | None] | None,
+        images: list[ImagePrompt | None] | None = None,
     ) -> torch.Tensor:
         """Hidden states (N, hidden) of every position of every prompt (N = their total length), caching
-        each prompt's k/v in its slot (`slots` None: no cache)."""
+        each prompt's k/v in its slot (`slots` None: no cache); `images[r]`: prompt r's images."""
         self._refresh_fused()
         self._routes = routes = []
         lens = [len(p) for p in prompts]
@@ -506,6 +550,10 @@ class ModelRunner:
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
         h = F.embedding(ids, self.embed)  # (N, hidden), N = sum of prompt lengths
         cos, sin = self.cos[positions], self.sin_signed[positions]
+        if slots is not None:
+            self.rope_offset[slots] = 0
+        if images is not None and any(img is not None for img in images):
+            self._add_images(h, cos, sin, lens, images, slots)
         for i, lw in enumerate(self.layers):
             x = _rms_norm(h, lw["norm_in"], self.eps)
             q, k, v = self._qkv(lw, x, cos, sin)  # (N, H|KVH, D)
@@ -515,6 +563,34 @@ class ModelRunner:
             h = h + self._proj(lw, "o", attn.reshape(ids.shape[0], -1))
             h = self._mlp(lw, h, routes)
         return h
+
+    def _add_images(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        lens: list[int],
+        images: list[ImagePrompt | None],
+        slots: list[int] | None,
+    ) -> None:
+        """In place over the rows of the prompts with images: image embeddings at their placeholder rows,
+        M-RoPE cos/sin on every row; the slot's rope offset (the delta) for its decode steps."""
+        if self.vision is None or self.mrope is None:
+            raise ValueError(
+                "this model has no vision tower: image_data is served for vision-language models"
+            )
+        start = 0
+        for r, (n, image) in enumerate(zip(lens, images, strict=True)):
+            if image is not None:
+                for (a, b), emb in zip(image.runs, self.vision.embeddings(image), strict=True):
+                    h[start + a : start + b] = emb.to(h.dtype)
+                pos3, delta = mrope_positions(n, image, self.merge)
+                cos[start : start + n], sin[start : start + n] = self.mrope.cos_sin(
+                    pos3, self.cos, self.sin_signed
+                )
+                if slots is not None:
+                    self.rope_offset[slots[r]] = delta
+            start += n
 
     def _prefill_attention(self, layer: int, slot: int | None, q, k, v) -> torch.Tensor:
         """Causal attention of one prompt (T, H|KVH, D), caching its k/v in `slot` (None: not cached);
@@ -582,7 +658,8 @@ class ModelRunner:
         chosen per layer (MoE). `static`: MoE experts by `_experts_static` (no host sync)."""
         b = token_ids.shape[0]
         h = F.embedding(token_ids, self.embed)  # (B, hidden)
-        cos, sin = self.cos[positions], self.sin_signed[positions]
+        rope = positions if self.vision is None else (positions + self.rope_offset[:b]).clamp(min=0)
+        cos, sin = self.cos[rope], self.sin_signed[rope]
         rows = torch.arange(b, device=self.device)
         visible = torch.arange(span, device=self.device)[None] <= positions[:, None]
         # additive float mask built once per step (a bool mask is converted again in every layer)

@@ -3,7 +3,8 @@
 `run(cfg)` is called by `prime_async.entrypoints.inference` (the only config parser); backend = "sglang"
 delegates to `inference/sglang_launcher.py`.
 
-Routes: POST /generate (`lora_path` per prompt), /pause_generation, /continue_generation,
+Routes: POST /generate (`lora_path` per prompt; `image_data` for vision-language models,
+`inference/images.py`), /pause_generation, /continue_generation,
 /update_weights_from_disk, /init_weights_update_group, /begin_weight_update, /update_weights_from_distributed,
 /end_weight_update, /destroy_weights_update_group (gloo on CPU, nccl on CUDA; `weights/receiver.py`),
 /update_weights_from_tensor (a shared-memory version described in JSON, never a pickle;
@@ -44,6 +45,7 @@ from prime_async.inference.api import (
 )
 from prime_async.inference.engine import Engine
 from prime_async.inference.engine_settings import EngineSettings
+from prime_async.inference.images import ImageInputs, ImagePrompt
 from prime_async.utils.mem_fraction import apply_mem_fraction
 from prime_async.weights.receiver import WeightReceiver
 from prime_async.weights.shared_memory import open_share
@@ -81,19 +83,42 @@ def _check_prompts(engine: Engine, items: list) -> None:
             raise ValueError(f"stop_token_ids: {bad_stop[0]} out of vocabulary [0, {engine.vocab_size})")
 
 
-async def _score(engine: Engine, items: list, starts: list[int], top_n: int = 0) -> list[dict[str, Any]]:
+async def _prepare_images(
+    inputs: ImageInputs | None, items: list, per_prompt: list[list[str]]
+) -> list[ImagePrompt | None]:
+    """Each prompt's images decoded and preprocessed, placeholders expanded (`inference/images.py`), off
+    the event loop; ValueError (HTTP 400) naming a bad image or placeholder run."""
+    if inputs is None:
+        if any(per_prompt):
+            raise ValueError("image_data: this model has no vision tower (a text-only model)")
+        return [None] * len(items)
+
+    def prepare() -> list[ImagePrompt | None]:
+        pairs = zip(items, per_prompt, strict=True)
+        return [inputs.prepare(it[0], imgs, f"image_data[{i}]") for i, (it, imgs) in enumerate(pairs)]
+
+    return await asyncio.to_thread(prepare)
+
+
+async def _score(
+    engine: Engine,
+    items: list,
+    starts: list[int],
+    top_n: int = 0,
+    images: list[ImagePrompt | None] | None = None,
+) -> list[dict[str, Any]]:
     """The `max_new_tokens = 0` items of a request: prompt logprobs from `logprob_start_len` on, one
     forward for all of them (SGLang's scoring request: no output token); `top_n` > 0: with the top-n
-    of each position (`input_top_logprobs`)."""
+    of each position (`input_top_logprobs`); `images[r]`: item r's images."""
     if not items:
         return []
     t0 = time.monotonic()
     version = engine.weight_version
     prompts, temps = [p for p, _, _, _ in items], [sp.temperature for _, sp, _, _ in items]
     if top_n > 0:
-        scored = await engine.score_top(prompts, temps, top_n)
+        scored = await engine.score_top(prompts, temps, top_n, images)
     else:
-        scored = [(lps, None) for lps in await engine.score(prompts, temps)]
+        scored = [(lps, None) for lps in await engine.score(prompts, temps, images)]
     latency = time.monotonic() - t0
     return [
         score_response(
@@ -137,42 +162,64 @@ def build_app(
             return _error(401, "missing or wrong API key")
         return await call_next(request)
 
-    _add_generation_routes(app, engine, run_id)
+    images = ImageInputs.for_model(engine.model_path, engine.runner.model.config)
+    _add_generation_routes(app, engine, run_id, images)
     _add_admin_routes(app, engine, model_path)
     _add_distributed_routes(app, engine, receiver)
     _add_tensor_routes(app, engine)
     return app
 
 
-def _add_generation_routes(app: FastAPI, engine: Engine, run_id: str | None = None) -> None:
+async def _generate(engine: Engine, image_inputs: ImageInputs | None, req: GenerateReqInput) -> Any:
+    """`/generate`: images prepared and placeholders expanded first, then the scoring items in one forward
+    and the generation items through the engine; answers in the request's order."""
+    items = req.items()
+    images = await _prepare_images(image_inputs, items, req.images(len(items)))
+    items = [(p if img is None else img.ids, *rest) for (p, *rest), img in zip(items, images, strict=True)]
+    _check_prompts(engine, items)
+    loras = req.loras(len(items))
+    scored = [i for i, (_, sp, _, _) in enumerate(items) if sp.max_new_tokens == 0]
+    starts = req.logprob_starts(len(items))
+    if req.top_logprobs_num > 0 and len(scored) < len(items):
+        raise ValueError("top_logprobs_num is served for scoring requests (max_new_tokens = 0) only")
+    top_n = req.top_logprobs_num
+    scores = await _score(
+        engine,
+        [items[i] for i in scored],
+        [starts[i] for i in scored],
+        top_n,
+        [images[i] for i in scored],
+    )
+    outs = await asyncio.gather(
+        *(
+            engine.generate(
+                prompt,
+                sp.to_params(),
+                rid,
+                lora,
+                return_routed_experts=req.return_routed_experts,
+                images=img,
+            )
+            for (prompt, sp, _, rid), lora, img in zip(items, loras, images, strict=True)
+            if sp.max_new_tokens > 0
+        )
+    )
+    generated = iter(outs)
+    by_index = dict(zip(scored, scores, strict=True))
+    answers = [
+        by_index[i] if i in by_index else generate_response(next(generated), bool(lp))
+        for i, (_, _, lp, _) in enumerate(items)
+    ]
+    batched = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+    return answers if batched else answers[0]
+
+
+def _add_generation_routes(
+    app: FastAPI, engine: Engine, run_id: str | None = None, image_inputs: ImageInputs | None = None
+) -> None:
     @app.post("/generate")
     async def generate(req: GenerateReqInput) -> Any:
-        items = req.items()
-        _check_prompts(engine, items)
-        loras = req.loras(len(items))
-        scored = [i for i, (_, sp, _, _) in enumerate(items) if sp.max_new_tokens == 0]
-        starts = req.logprob_starts(len(items))
-        if req.top_logprobs_num > 0 and len(scored) < len(items):
-            raise ValueError("top_logprobs_num is served for scoring requests (max_new_tokens = 0) only")
-        top_n = req.top_logprobs_num
-        scores = await _score(engine, [items[i] for i in scored], [starts[i] for i in scored], top_n)
-        outs = await asyncio.gather(
-            *(
-                engine.generate(
-                    prompt, sp.to_params(), rid, lora, return_routed_experts=req.return_routed_experts
-                )
-                for (prompt, sp, _, rid), lora in zip(items, loras, strict=True)
-                if sp.max_new_tokens > 0
-            )
-        )
-        generated = iter(outs)
-        by_index = dict(zip(scored, scores, strict=True))
-        answers = [
-            by_index[i] if i in by_index else generate_response(next(generated), bool(lp))
-            for i, (_, _, lp, _) in enumerate(items)
-        ]
-        batched = bool(req.input_ids) and isinstance(req.input_ids[0], list)
-        return answers if batched else answers[0]
+        return await _generate(engine, image_inputs, req)
 
     @app.get("/health")
     async def health() -> Response:
@@ -189,7 +236,7 @@ def _add_generation_routes(app: FastAPI, engine: Engine, run_id: str | None = No
             "preferred_sampling_params": None,
             "weight_version": engine.weight_version,
             "run_id": run_id,
-            "has_image_understanding": False,
+            "has_image_understanding": image_inputs is not None,
             "has_audio_understanding": False,
             "model_type": cfg.model_type,
             "architectures": list(cfg.architectures or []),
