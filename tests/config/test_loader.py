@@ -95,6 +95,21 @@ def test_json_lists_dicts_and_null():
     assert load_config(DemoConfig, ["--name", "[not json]"]).name == "[not json]"  # strings stay strings
 
 
+def test_schema_fields_take_pydantic_settings_list_and_dict_forms():
+    """A schema field's text is pydantic-settings' to parse: `a,b` and one word are lists, `k=v` a dict."""
+    assert load_config(DemoConfig, ["--tags", "a,b"]).tags == ["a", "b"]
+    assert load_config(DemoConfig, ["--tags", "a"]).tags == ["a"]
+    assert load_config(DemoConfig, ["--optim.betas", "0.1,0.2"]).optim.betas == [0.1, 0.2]
+    assert load_config(DemoConfig, ["--env-args", "split=train"]).env_args == {"split": "train"}
+
+
+def test_union_section_without_its_tag_takes_the_default_variant():
+    """`--schedule.x` without `--schedule.type` keeps the default's tag (`BaseConfig._one_form`)."""
+    with pytest.raises(ConfigError, match=r"^--schedule\.min-ratio: unknown key$"):
+        load_config(DemoConfig, ["--schedule.min-ratio", "0.2"])  # the default variant has no min_ratio
+    assert load_config(DemoConfig, ["--schedule", '{"type": "cosine"}']).schedule.min_ratio == 0.1
+
+
 def test_union_section_by_cli_and_file(in_tmp):
     cfg = load_config(DemoConfig, ["--schedule.type", "cosine", "--schedule.min-ratio", "0.2"])
     assert cfg.schedule.type == "cosine" and cfg.schedule.min_ratio == 0.2

@@ -1,15 +1,16 @@
 """Config loading for every command: `cmd @ a.toml @ b.toml --optim.lr 3e-6 --no-wandb.enabled [--dry-run]`.
 
-pydantic-settings' `CliSettingsSource` parses each schema flag's value (JSON for lists, dicts and sections,
-`null` for None) and renders `--help` (every flag, type, default); this module adds what it lacks: `@ FILE`
-layers, key provenance, "did you mean", one-line errors. Later wins: defaults, files in command-line order
-(`--section @ f.toml` under `section`, tables deep-merged), then every flag wherever it stands.
+Later wins: defaults, files in command-line order (`--section @ f.toml` under `section`), then every flag
+wherever it stands; tables deep-merge, anything else replaces. Every key is checked against the schema
+before validation ("did you mean"), the file or flag that set it is kept to name it in errors, and the
+schema validates once. pydantic-settings' `CliSettingsSource` parses each schema flag's value (JSON for
+lists, dicts and sections, also `a,b` and `k=v`; `null` for None) and renders `--help` (every flag, type,
+default); shorthands and untagged union sections are the schema's own (`BaseConfig`).
 
 Invariants: every user error is a one-line `ConfigError` naming its file or flag (`parse_config` prints
-`<prog>: error: ...`, exits 2); keys are kebab- or snake_case, checked against the schema before validation
-("did you mean"), free-form dict keys kept verbatim; a key set twice on the command line is an error;
-`--flag`, `--no-flag`, `--flag VALUE` for booleans; a union section without its tag keeps the default's;
-`--help`/`--dry-run` import only the schemas (and what `check` imports)."""
+`<prog>: error: ...`, exits 2); keys are kebab- or snake_case, free-form dict keys kept verbatim (their
+values JSON where it parses); a key set twice on the command line is an error; `--flag`, `--no-flag`,
+`--flag VALUE` for booleans; `--help`/`--dry-run` import only the schemas (and what `check` imports)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,10 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from prime_async.config.base import BaseConfig
-from prime_async.config.dicts import KeyPath, deep_merge, lookup
+from prime_async.config.dicts import KeyPath, deep_merge
 
 __all__ = ["ConfigError", "dump_toml", "load_config", "parse_config"]
 T = TypeVar("T", bound=BaseModel)
-FREE = object()  # the annotation of a value inside a free-form dict: unknown
-FILE = object()  # the value of a `--section @ FILE` flag: a file layer, not a value
 NOTES = """Files merge left to right; --KEY VALUE flags win over files. Keys are dotted, kebab- or snake_case.
 Booleans: --flag, --no-flag, --flag false. Lists, dicts and sections take JSON (--x.list '[1,2]').
 --section @ FILE.toml merges FILE into one section. --dry-run prints the resolved TOML and exits."""
@@ -46,13 +45,13 @@ class ConfigError(ValueError):
 
 
 class Flag(NamedTuple):
-    """One override: `raw` text (a bare boolean: True/False) for `path`; `flag` as typed."""
+    """One override as typed (`flag`, its `raw` text; a bare boolean flag: True/False) for key `path`."""
 
     flag: str
     path: KeyPath
     raw: Any
     annotation: Any
-    library: bool  # a schema field path: pydantic-settings parses it (else set verbatim / as JSON here)
+    library: bool  # a schema field path: pydantic-settings parses its text (else JSON / text here)
 
 
 def parse_config(
@@ -95,16 +94,9 @@ def load_config(cls: type[T], argv: Sequence[str]) -> T:
                 raise ConfigError(f"conflicting flags {old.flag} and {item.flag}: one sets part of the other")
     merged: dict[str, Any] = {}
     provenance: dict[KeyPath, str] = {}
-    layers = [_file_layer(cls, prefix, path) for prefix, path in files]
-    for data, leaves in [*layers, *((_flag_data(cls, f), {f.path: f.flag}) for f in flags)]:
-        merged.update(deep_merge(merged, data))
-        for path in leaves:  # a scalar or list replacing a whole table drops the table's sources
-            if not isinstance(lookup(data, path)[1], dict):
-                for old in [old for old in provenance if len(old) > len(path) and old[: len(path)] == path]:
-                    del provenance[old]
+    for data, leaves in [*files, *((_flag_data(cls, f), {f.path: f.flag}) for f in flags)]:
+        merged = deep_merge(merged, data)
         provenance.update(leaves)
-    expand_shorthands(cls, merged)
-    fill_discriminators(cls, merged)
     try:
         return cls.model_validate(merged)
     except ValidationError as exc:
@@ -125,7 +117,8 @@ class _Parser(argparse.ArgumentParser):
 
 @functools.cache
 def _parser(cls: type[BaseModel], prog: str = "") -> Any:
-    """pydantic-settings' CLI source of `cls`: kebab-case flags, `--x`/`--no-x` booleans, `--help` text."""
+    """pydantic-settings' CLI source of `cls`: kebab-case flags, `--x`/`--no-x` booleans, `--help` text
+    (every flag's type, description and default; a union tag shows its section's default variant)."""
     from pydantic_settings import CliSettingsSource
 
     usage = f"{prog} [@ FILE.toml ...] [--KEY VALUE ...] [--dry-run] [--help]"
@@ -140,74 +133,70 @@ def _parser(cls: type[BaseModel], prog: str = "") -> Any:
 
 
 def _tag_defaults(cls: type[BaseModel], parser: argparse.ArgumentParser, prefix: str = "--") -> None:
-    """The library's help gives a union's tag its last variant's default: show the section's default."""
+    """The library gives a union's tag its last variant's default: show the section's default."""
     for name, info in cls.model_fields.items():
         tag = info.discriminator if isinstance(info.discriminator, str) else None
         default = info.get_default(call_default_factory=True, validated_data={}) if tag else None
         action = parser._option_string_actions.get(f"{prefix}{name}.{tag}".replace("_", "-"))
         if action is not None and action.help and isinstance(default, BaseModel):
-            action.help = re.sub(r"\(default: [^)]*\)$", f"(default: {getattr(default, tag)})", action.help)
+            action.help = re.sub(r"\(default: [^)]*\)$", f"(default: {dict(default)[tag]})", action.help)
         for sub in _sections(info.annotation):
             _tag_defaults(sub, parser, f"{prefix}{name}.")
 
 
-def _scan(cls: type[BaseModel], argv: list[str]) -> tuple[list[tuple[KeyPath, str]], list[Flag]]:
-    """argv -> the TOML files to merge as (prefix, path) in order, and the flags."""
-    files: list[tuple[KeyPath, str]] = []
+Layer = tuple[dict[str, Any], dict[KeyPath, str]]  # nested data, and the source of each of its leaves
+
+
+def _scan(cls: type[BaseModel], argv: list[str]) -> tuple[list[Layer], list[Flag]]:
+    """argv (consumed) -> the TOML files to merge as layers, in order, and the flags."""
+    files: list[Layer] = []
     flags: list[Flag] = []
-    i = 0
-    while i < len(argv):
-        arg, nxt = argv[i], argv[i + 1] if i + 1 < len(argv) else None
-        flag, eq, inline = arg.partition("=")
-        if arg == "--dry-run":
-            i += 1
-        elif arg.startswith("@"):
-            i = _take_file(argv, i, (), "", files)
-        elif flag.startswith("--"):
-            item = _read_flag(cls, flag, eq, inline, nxt)
-            if item.raw is FILE:
-                i = _take_file(argv, i + 1, item.path, f" after {flag}", files)
-            else:
-                flags.append(item)
-                i += 1 if eq or isinstance(item.raw, bool) else 2
-        else:
+    while argv:
+        arg = argv.pop(0)
+        if arg.startswith("@"):
+            files.append(_file_layer(cls, (), _file_name(arg, argv, "")))
+        elif arg.startswith("--") and arg != "--dry-run":
+            flags.extend(_take_flag(cls, arg, argv, files))
+        elif arg != "--dry-run":
             raise ConfigError(
                 f"unexpected argument '{arg}' (config files start with '@', overrides with '--')"
             )
     return files, flags
 
 
-def _take_file(argv: list[str], i: int, prefix: KeyPath, owner: str, files: list) -> int:
-    """`@ FILE` / `@FILE` at argv[i] -> `files`; returns the index after it."""
-    if not argv[i][1:] and (i + 1 >= len(argv) or argv[i + 1].startswith(("-", "@"))):
-        raise ConfigError(f"'@'{owner} must be followed by a TOML file path")
-    files.append((prefix, argv[i][1:] or argv[i + 1]))
-    return i + 1 if argv[i][1:] else i + 2
-
-
-def _read_flag(cls: type[BaseModel], flag: str, eq: str, inline: str, nxt: str | None) -> Flag:
-    """`--key[=VALUE]` (and the VALUE or `@ FILE` after it) -> a Flag; a word after a boolean is its value."""
-    if flag == "--":
-        raise ConfigError(f"empty flag '{flag}{eq}{inline}'")
-    path, annotation, library, negated = _resolve_flag(cls, flag)
-    if negated and eq:
-        raise ConfigError(f"{flag} takes no value")
-    if negated or _is_bool(annotation):
-        takes = not negated and not eq and nxt is not None and not nxt.startswith(("--", "@"))
-        return Flag(flag, path, inline if eq else nxt if takes else not negated, annotation, False)
-    if not eq and nxt is not None and nxt.startswith("@"):
-        if not (_sections(annotation) or (annotation is not FREE and _wants_json(annotation))):
+def _take_flag(cls: type[BaseModel], arg: str, argv: list[str], files: list[Layer]) -> list[Flag]:
+    """`--key[=VALUE]` and the VALUE after it (consumed), or `--key @ FILE`: a layer added to `files`."""
+    flag, eq, inline = arg.partition("=")
+    path, annotation, direct, negated = _resolve_flag(cls, flag)
+    nxt = argv[0] if argv else "--"
+    if negated or _is_bool(annotation):  # a word after a boolean is its value
+        if negated and eq:
+            raise ConfigError(f"{flag} takes no value")
+        takes = not negated and not eq and not nxt.startswith(("--", "@"))
+        return [Flag(flag, path, inline if eq else argv.pop(0) if takes else not negated, annotation, False)]
+    if not eq and nxt.startswith("@"):
+        if not _wants_json(annotation):
             raise ConfigError(
                 f"{flag}: '{'.'.join(path)}' is not a section, a TOML file cannot be merged into it"
             )
-        return Flag(flag, path, FILE, annotation, False)
-    if not eq and (nxt is None or (nxt.startswith("--") and len(nxt) > 2)):
+        files.append(_file_layer(cls, path, _file_name(argv.pop(0), argv, f" after {flag}")))
+        return []
+    if not eq and (not argv or (nxt.startswith("--") and len(nxt) > 2)):
         raise ConfigError(f"{flag} needs a value")
-    return Flag(flag, path, inline if eq else nxt, annotation, library)
+    return [Flag(flag, path, inline if eq else argv.pop(0), annotation, direct)]
+
+
+def _file_name(arg: str, argv: list[str], owner: str) -> str:
+    """The path of `@FILE`, or of `@` and the next word (consumed)."""
+    if not arg[1:] and (not argv or argv[0].startswith(("-", "@"))):
+        raise ConfigError(f"'@'{owner} must be followed by a TOML file path")
+    return arg[1:] or argv.pop(0)
 
 
 def _resolve_flag(cls: type[BaseModel], flag: str) -> tuple[KeyPath, Any, bool, bool]:
     """(path, annotation, a schema field path, negated) of `--name`; `--no-x` negates boolean `x`."""
+    if flag == "--":
+        raise ConfigError("empty flag '--'")
     try:
         return (*resolve(cls, flag[2:].split(".")), False)
     except ConfigError as exc:
@@ -218,13 +207,14 @@ def _resolve_flag(cls: type[BaseModel], flag: str) -> tuple[KeyPath, Any, bool, 
         path, annotation, _ = resolve(cls, flag[5:].split("."))
     except ConfigError:
         raise error from None
-    if not _is_bool(annotation) and annotation is not FREE:
+    if not _is_bool(annotation) and annotation is not Any:
         raise ConfigError(f"{flag}: '{'.'.join(path)}' is not a boolean")
     return path, annotation, False, True
 
 
 def _flag_data(cls: type[BaseModel], item: Flag) -> dict[str, Any]:
-    """One flag as nested data: pydantic-settings parses schema fields, the rest is set here."""
+    """One flag as nested data: pydantic-settings parses a schema field's text (JSON, `a,b` lists, `k=v`
+    dicts, `null`); a free-form or shorthand key's is JSON where it parses, `null` for None, else text."""
     if item.library:
         kebab = "--" + ".".join(segment.replace("_", "-") for segment in item.path)
         try:
@@ -232,7 +222,7 @@ def _flag_data(cls: type[BaseModel], item: Flag) -> dict[str, Any]:
         except Exception as exc:  # the library's SettingsError or argparse error: one line, named by flag
             raise ConfigError(f"{item.flag}: {str(exc).splitlines()[0]}") from None
     value = item.raw
-    nullable = item.annotation is FREE or type(None) in _members(item.annotation)
+    nullable = item.annotation is Any or type(None) in _members(item.annotation)
     if isinstance(value, str) and value.lower() in ("null", "none") and nullable:
         value = None
     elif isinstance(value, str) and _wants_json(item.annotation):
@@ -255,52 +245,49 @@ def _sections(annotation: Any) -> list[type[BaseModel]]:
     return [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
 
 
-def _shorthands(model: type[BaseModel]) -> dict[str, str]:
-    return model.shorthands if issubclass(model, BaseConfig) else {}
-
-
 def _is_bool(annotation: Any) -> bool:
     return {m for m in _members(annotation) if m is not type(None)} == {bool}
 
 
 def _wants_json(annotation: Any) -> bool:
-    """Containers, sections and free-form values take JSON on the command line."""
+    """Containers, sections and free-form values take JSON on the command line (and a `@ FILE`)."""
     kinds = (list, dict, tuple, set, frozenset)
     alts = _members(annotation)
     return bool(_sections(annotation)) or any(
-        m in (FREE, Any, *kinds) or typing.get_origin(m) in kinds for m in alts
+        m in (Any, *kinds) or typing.get_origin(m) in kinds for m in alts
     )
 
 
 def _item(annotation: Any) -> Any:
-    """The item annotation of a list/tuple/set annotation (FREE when unknown)."""
+    """The item annotation of a list/tuple/set annotation (Any when unknown)."""
     for m in _members(annotation):
         if typing.get_origin(m) in (list, tuple, set, frozenset):
             args = [a for a in typing.get_args(m) if a is not Ellipsis]
-            return args[0] if len(args) == 1 else FREE
-    return FREE
+            return args[0] if len(args) == 1 else Any
+    return Any
 
 
 def _child(annotation: Any, segment: str) -> tuple[str, Any, bool] | None:
-    """One key down: (its field name, its annotation, is a schema field), or None when not a key."""
+    """One key down: (its name, its annotation (Any inside a free-form dict), is a schema field), or None
+    when not a key. A shorthand (`env`, `BaseConfig.shorthands`) is a key: one item of its list."""
     models = _sections(annotation)
     for name in (segment, segment.replace("-", "_")):
         for model in models:
-            if name in model.model_fields:
-                return name, model.model_fields[name].annotation, True
-            if name in _shorthands(model):  # `env`, one item of `envs`
-                return name, _item(model.model_fields[_shorthands(model)[name]].annotation), False
+            shorthands = model.shorthands if issubclass(model, BaseConfig) else {}
+            if name in model.model_fields or name in shorthands:
+                field = model.model_fields[shorthands.get(name, name)].annotation
+                return name, _item(field) if name in shorthands else field, name not in shorthands
     for m in [] if models else _members(annotation):
-        if m in (FREE, Any, dict) or typing.get_origin(m) is dict:
-            value = typing.get_args(m)[1] if len(typing.get_args(m)) == 2 else Any
-            return segment, FREE if value is Any else value, False
+        if m in (Any, dict) or typing.get_origin(m) is dict:
+            return segment, (typing.get_args(m) or (str, Any))[-1], False
     return None
 
 
 def resolve(cls: type[BaseModel], segments: list[str]) -> tuple[KeyPath, Any, bool]:
     """A dotted key against the schema: (field path, annotation, every step a field) or ConfigError."""
     path: list[str] = []
-    annotation, direct = cls, True
+    annotation: Any = cls
+    direct = True
     for segment in segments:
         if not segment:
             raise ConfigError(f"empty key segment in '{'.'.join(segments)}'")
@@ -331,41 +318,6 @@ def _unknown(cls: type[BaseModel], bad: list[str]) -> str:
     return f"unknown key '{'.'.join(bad)}'" + (f" (did you mean '{hint}'?)" if hint else "")
 
 
-def expand_shorthands(cls: type[BaseModel], data: dict[str, Any]) -> None:
-    """Each shorthand key (`env`) becomes its list (`envs = [env]`), in every section; both is an error."""
-    for short, target in _shorthands(cls).items():
-        if short in data and data.get(target):
-            raise ConfigError(f"{short} and {target}: give one item as `{short}` or a list as `{target}`")
-        if short in data:
-            data[target] = [data.pop(short)]
-    for name, info in cls.model_fields.items():
-        value = data.get(name)
-        for sub in _sections(info.annotation) if isinstance(value, dict) else []:
-            if all(key in sub.model_fields or key in _shorthands(sub) for key in value):
-                expand_shorthands(sub, value)
-                break
-
-
-def fill_discriminators(cls: type[BaseModel], data: dict[str, Any]) -> None:
-    """A partial union section without its tag (`--loss.low 0.3`) gets the default variant's tag."""
-    for name, info in cls.model_fields.items():
-        value, variants = data.get(name), _sections(info.annotation)
-        if not isinstance(value, dict) or not variants:
-            continue
-        tag = info.discriminator if isinstance(info.discriminator, str) else None
-        default = info.get_default(call_default_factory=True, validated_data={}) if tag else None
-        if tag and tag not in value and isinstance(default, BaseModel) and tag in type(default).model_fields:
-            value[tag] = getattr(default, tag)
-        chosen = [v for v in variants if all(key in v.model_fields for key in value)]
-        chosen = [v for v in chosen if not tag or _tag_default(v, tag) == value.get(tag)]
-        if chosen:
-            fill_discriminators(chosen[0], value)
-
-
-def _tag_default(variant: type[BaseModel], tag: str) -> Any:
-    return variant.model_fields[tag].default if tag in variant.model_fields else None
-
-
 def read_toml(path: str) -> dict[str, Any]:
     """Parse one TOML file; a missing file or a syntax error becomes a one-line `ConfigError`."""
     if not Path(path).is_file():
@@ -382,7 +334,7 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
 
 
-def _file_layer(cls: type[BaseModel], prefix: KeyPath, path: str) -> tuple[dict, dict[KeyPath, str]]:
+def _file_layer(cls: type[BaseModel], prefix: KeyPath, path: str) -> Layer:
     """One TOML file nested under `prefix`, and the file as the source of each of its leaves."""
     leaves: dict[KeyPath, str] = {}
     return _nest(prefix, _normalize(cls, read_toml(path), prefix, path, leaves)), leaves
@@ -414,14 +366,14 @@ def format_validation_error(cls: type[BaseModel], exc: ValidationError, provenan
     """The first pydantic error as `<source>: <dotted.key>: <reason> (got <value>)` (+ count of others)."""
     errors = exc.errors(include_url=False)
     first, loc, annotation = errors[0], [], cls
-    for segment in first["loc"]:  # as config keys: union tags (`mask`, `int`) dropped, list indexes kept
+    extra = first["type"] == "extra_forbidden"  # the unknown key (of a list item or a variant): as given
+    for segment in first["loc"][: -1 if extra else None]:  # union tags (`mask`, `int`) dropped
         if isinstance(segment, int):
             loc[-1:], annotation = [f"{loc[-1] if loc else ''}[{segment}]"], _item(annotation)
         elif (step := _child(annotation, str(segment))) is not None:
             loc.append(step[0])
             annotation = step[1]
-    if first["type"] == "extra_forbidden":  # a key of a list item: not in the schema, so named here
-        loc.append(str(first["loc"][-1]))
+    loc += [str(first["loc"][-1])] if extra else []
     plain = tuple(segment.split("[")[0] for segment in loc)
     sources = [provenance[plain[:end]] for end in range(len(plain), 0, -1) if plain[:end] in provenance]
     below = {source for path, source in provenance.items() if path[: len(plain)] == plain}
