@@ -136,3 +136,39 @@ def test_runner_prefill_decode_and_score_match_hf(vlm, tiny_vlm_model_dir: Path,
     runner.load_weights(str(tiny_vlm_model_dir))
     runner.score([prompt.ids], [1.0], [prompt])
     assert runner.vision.images_encoded == 4  # a weight load drops the cached embeddings
+
+
+def test_lora_on_the_language_model_with_images(vlm, tiny_vlm_model_dir: Path, tmp_path: Path) -> None:
+    """A PEFT adapter on the VLM's decoder layers (named under `language_model.`) serves image prompts: the
+    runner's prefill with it equals the HF forward of the adapted model with the same pixel values."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import save_file
+
+    from prime_async.inference.lora import Adapter, read_adapter
+
+    _, _, inputs, short, enc = vlm
+    prompt = inputs.prepare(short, [data_url(im) for im in IMAGES], "p")
+    base = AutoModelForImageTextToText.from_pretrained(tiny_vlm_model_dir, dtype=torch.float32).eval()
+    targets = r".*language_model\.layers\.\d+\.(self_attn\.(q_proj|v_proj)|mlp\.down_proj)"
+    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    torch.manual_seed(0)
+    state = {}
+    for name, p in peft.named_parameters():
+        if "lora_" in name:
+            p.data.normal_(0, 0.2)
+            state["base_model.model." + name.removeprefix("base_model.model.").replace(".default", "")] = (
+                p.data
+            )
+    peft.peft_config["default"].save_pretrained(str(tmp_path))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "adapter_model.safetensors"))
+    ref = hf_logprobs(peft, prompt.ids, enc)[-1]
+
+    runner = ModelRunner(model_path=str(tiny_vlm_model_dir), dtype="float32", device="cpu", num_slots=2,
+                         max_len=256, chunk=64)  # fmt: skip
+    raw = read_adapter("a", str(tmp_path), num_layers=len(runner.layers), shapes=runner.linear_shapes(),
+                       max_rank=None)  # fmt: skip
+    adapter = Adapter(raw, runner.fold_adapter(raw))
+    logits = runner.prefill([prompt.ids], [0], [adapter], [prompt])
+    base_logits = runner.prefill([prompt.ids], [1], None, [prompt])
+    assert (torch.log_softmax(logits[0], -1) - ref).abs().max() < TOL
+    assert (torch.log_softmax(base_logits[0], -1) - ref).abs().max() > 1e-3  # the adapter mattered

@@ -30,7 +30,10 @@ import torch
 from prime_async.weights.broadcasts import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+_KEY = re.compile(
+    r"^base_model\.model\.model\.(?:language_model\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$"
+)
+"""A decoder layer's LoRA tensor; a vision-language model's decoder layers sit under `language_model.`."""
 
 
 @dataclass
