@@ -77,8 +77,9 @@ class EngineClient(Protocol):
     base_url: str
 
     async def generate(
-        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
-    ) -> GenerateResult: ...
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
+        *, image_data: list[str] | None = None,
+    ) -> GenerateResult: ...  # fmt: skip
 
     async def pause_generation(self, mode: EnginePauseMode) -> None: ...
 

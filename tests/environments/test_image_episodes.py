@@ -113,3 +113,9 @@ def test_a_prompt_whose_images_do_not_fit_seq_len_is_an_episode_error(
     for ep in episodes:
         assert ep.status == "error" and ep.metrics["env_error"] == "prompt_too_long", ep.error
         assert "the prompt is" in ep.error and "seq_len = 60" in ep.error
+
+
+def test_placer_refuses_a_sampled_video_placeholder(tiny_vlm_model_dir: Path) -> None:
+    placer = ImagePlacer(str(tiny_vlm_model_dir))
+    with pytest.raises(ImageError, match="video placeholder token"):
+        placer.place([1, int(placer.video_token_id)], [])

@@ -76,10 +76,12 @@ def _reference(model, proc, ep: Episode) -> torch.Tensor:
     pics = [PILImage.open(io.BytesIO(image_bytes(im.url))).convert("RGB") for im in ep.images]
     out = proc(images=pics, return_tensors="pt")
     ids = torch.tensor([ep.token_ids])
+    fed = ids.clone()
+    fed[0, -1] = 5  # the last token (a sampled image pad in one episode) feeds no logit
     with torch.no_grad():
         logits = model(
-            input_ids=ids, pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"],
-            mm_token_type_ids=(ids == model.config.image_token_id).int(),
+            input_ids=fed, pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"],
+            mm_token_type_ids=(fed == model.config.image_token_id).int(),
         ).logits[0]  # fmt: skip
     logp = torch.log_softmax(logits[:-1].float(), -1).gather(1, ids[0, 1:, None])[:, 0]
     return torch.cat([torch.zeros(1), logp])
@@ -93,6 +95,7 @@ def test_packed_rows_with_images_match_unpacked_forwards(model_and_tok, tiny_vlm
     episodes = [_episode(tok, red, blue, rng), _episode(tok, red, green, rng)]
     for ep in episodes[1:]:  # a group shares its prompt: the first 10 tokens (image 1 included)
         ep.token_ids[:10] = episodes[0].token_ids[:10]
+    episodes[0].token_ids[-1] = tok.convert_tokens_to_ids("<|image_pad|>")  # the policy sampled one
     group = Group(group_id=0, example_id=0, dispatch_version=0, episodes=episodes)
     batch = build_train_batch([group], step=1, seq_len=256, num_ranks=1, temperature=1.0,
                               advantage_cfg=AdvantageConfig(), share_prefix=share)  # fmt: skip
@@ -106,7 +109,7 @@ def test_packed_rows_with_images_match_unpacked_forwards(model_and_tok, tiny_vlm
         torch.from_numpy(mb.position_ids.astype(np.int64)),
     )
     mask = torch.from_numpy(mb.loss_mask)
-    with torch.no_grad():
+    with torch.no_grad(), rv.placing(mb, torch.device("cpu")):
         logp, _ = packed_logprobs(model, ids, pos, 1.0, loss_mask=mask, vision=inputs)
     starts = np.flatnonzero(sample_starts(mb.position_ids)).tolist()
     for ep, start in zip(episodes, starts, strict=True):  # longest first: both are the same length here

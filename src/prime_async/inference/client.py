@@ -147,8 +147,10 @@ class HttpEngineClient:
         rid: str | None = None,
         *,
         lora_path: str | None = None,
+        image_data: list[str] | None = None,
     ) -> GenerateResult:
-        """`/generate`; `lora_path` names a loaded LoRA adapter (SGLang's field), None = the base model."""
+        """`/generate`; `lora_path` names a loaded LoRA adapter (SGLang's field), None = the base model;
+        `image_data`: the prompt's images in placeholder order (SGLang's field: data URLs or paths)."""
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": sampling_params,
@@ -158,6 +160,8 @@ class HttpEngineClient:
             payload["rid"] = rid
         if lora_path is not None:
             payload["lora_path"] = lora_path
+        if image_data:
+            payload["image_data"] = list(image_data)
         if self.return_routed_experts:
             payload["return_routed_experts"] = True
         resp = await self._post("/generate", payload, admin=False)

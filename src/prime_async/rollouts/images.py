@@ -13,9 +13,11 @@ Invariants:
 - `place` is pure given the model directory: the same ids and images give the same expansion;
 - `PromptImages.spans[i]` is image i's `(offset, length)` in the expanded ids, in prompt order, every
   token in it the image token id, and `length = prod(grid_thw[i]) // merge**2`;
-- a prompt whose pad tokens and images differ in number, an image that does not decode, or one that is
-  not a data URL or a local file (nothing downloads at run time) raises `ImageError`, one line naming
-  the image by its place in the prompt (1-based).
+- a prompt whose pad tokens and images differ in number, one with a video placeholder token, an image
+  that does not decode, or one that is not a data URL or a local file (nothing downloads at run time)
+  raises `ImageError`, one line naming the image by its place in the prompt (1-based) where one is at
+  fault. A placeholder token the policy sampled in an earlier reply counts as one (verifiers aligns the
+  prompt by them), so such an episode ends in an error naming it, and the run goes on.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ class ImagePlacer:
         if "image_token_id" not in config:
             raise ValueError(f"model {model_path!r} has no image_token_id in config.json: not a VLM")
         self.image_token_id = int(config["image_token_id"])
+        self.video_token_id = config.get("video_token_id")  # videos are not supported: refused
         self.merge = int(config.get("vision_config", {}).get("spatial_merge_size", 2))
         self.model_path = model_path
         self._processor: Any = None
@@ -125,9 +128,17 @@ class ImagePlacer:
 
     def place(self, token_ids: list[int], urls: list[str]) -> tuple[list[int], PromptImages]:
         """(expanded ids, the images' placement); `ImageError` when pads and images do not match."""
+        if self.video_token_id is not None and self.video_token_id in token_ids:
+            raise ImageError(
+                "the prompt holds a video placeholder token (videos are not supported; a reply the model "
+                "sampled it in counts too)"
+            )
         pads = sum(1 for t in token_ids if t == self.image_token_id)
         if pads != len(urls):
-            raise ImageError(f"the prompt has {pads} image placeholder tokens but {len(urls)} images")
+            raise ImageError(
+                f"the prompt has {pads} image placeholder tokens but {len(urls)} images (an image pad token "
+                "the model sampled in an earlier reply counts too)"
+            )
         grids = [self.grid(url, i) for i, url in enumerate(urls, start=1)]
         expanded: list[int] = []
         spans: list[tuple[int, int]] = []

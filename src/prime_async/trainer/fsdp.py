@@ -127,7 +127,10 @@ def micro_batch_pass(
     row = RowTensors.of(mb, model_device(model))
     routes = mb.routed_experts if replay is not None else None
     extra = images.inputs(mb, row.ids.device) if images is not None else None
-    with replay.replaying(routes, row.ids.device) if replay is not None else nullcontext():
+    placing = (
+        images.placing(mb, row.ids.device) if extra is not None and images is not None else nullcontext()
+    )
+    with placing, replay.replaying(routes, row.ids.device) if replay is not None else nullcontext():
         logp, entropy = packed_logprobs(
             model, row.ids, row.pos, temperature, loss_mask=row.mask, vision=extra
         )

@@ -11,14 +11,18 @@ sequence (its block's first sample's first S tokens and their images, then its o
 Invariants:
 - `RowVision.inputs` is None for a row without images (the model's text positions are then exact);
 - with images: `pixel_values` holds every image of the row in row order, `image_grid_thw` one row per
-  image, and the image tokens of the row number `sum(t * h * w) / merge**2` (checked: one line otherwise);
+  image, and each image's span holds `t * h * w / merge**2` image tokens (checked: one line otherwise);
+  image features go to the spans only (`placing`): an image-pad token the policy sampled is text, as in
+  the engine;
 - `freeze_vision_tower` sets `requires_grad = False` on the vision tower's parameters only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +61,8 @@ class RowVision:
         self.processor = AutoImageProcessor.from_pretrained(model_path)
         self.image_token_id = int(model.config.image_token_id)
         self.merge = int(model.config.vision_config.spatial_merge_size)
-        self._rope_index = model.get_submodule("model").get_rope_index
+        self._inner = model.get_submodule("model")
+        self._rope_index = self._inner.get_rope_index
 
     def pixels(self, images: list[RowImage]) -> torch.Tensor:
         """The processor's pixel values of `images`, concatenated in order; grids checked against theirs."""
@@ -75,10 +80,13 @@ class RowVision:
         if not mb.images:
             return None
         ids = torch.from_numpy(np.asarray(mb.input_ids, dtype=np.int64))
-        tokens = int((ids == self.image_token_id).sum())
-        expected = sum(t * h * w for t, h, w in (im.grid_thw for im in mb.images)) // self.merge**2
-        if tokens != expected:
-            raise ValueError(f"row has {tokens} image tokens but its {len(mb.images)} images need {expected}")
+        for im in mb.images:
+            span = ids[im.offset : im.offset + im.length]
+            t, h, w = im.grid_thw
+            if im.length != t * h * w // self.merge**2 or bool((span != self.image_token_id).any()):
+                raise ValueError(
+                    f"row image at token {im.offset}: its {im.length} tokens do not hold grid {im.grid_thw}"
+                )
         text = torch.from_numpy(np.asarray(mb.position_ids, dtype=np.int64))
         mrope = self.row_positions(ids, text, mb.images)
         return {
@@ -100,17 +108,48 @@ class RowVision:
             if shared == 0:
                 block = start
             seq = torch.cat([ids[block : block + shared], ids[start:end]])
-            inside = [im for im in images if block <= im.offset < block + shared or start <= im.offset < end]
-            out[:, start:end] = self._sample_positions(seq, inside)[:, shared:]
+            kinds = torch.zeros(seq.shape[0], dtype=torch.int)  # 1 on the images' spans only
+            inside = []
+            for im in images:
+                if block <= im.offset < block + shared or start <= im.offset < end:
+                    at = im.offset - block if im.offset < block + shared else shared + im.offset - start
+                    kinds[at : at + im.length] = 1
+                    inside.append(im.grid_thw)
+            out[:, start:end] = self._sample_positions(seq, kinds, inside)[:, shared:]
         return out
 
-    def _sample_positions(self, seq: torch.Tensor, images: list[RowImage]) -> torch.Tensor:
-        """(3, L) M-RoPE positions of one full sample sequence with its images (plain ones without)."""
-        if not images:
+    def _sample_positions(
+        self, seq: torch.Tensor, kinds: torch.Tensor, grids: list[tuple[int, int, int]]
+    ) -> torch.Tensor:
+        """(3, L) M-RoPE positions of one full sample sequence (`kinds`: 1 on its images' tokens)."""
+        if not grids:
             return torch.arange(seq.shape[0]).expand(3, -1)
         pos, _ = self._rope_index(
-            seq[None],
-            mm_token_type_ids=(seq == self.image_token_id).int()[None],
-            image_grid_thw=torch.tensor([im.grid_thw for im in images], dtype=torch.long),
+            seq[None], mm_token_type_ids=kinds[None], image_grid_thw=torch.tensor(grids, dtype=torch.long)
         )
         return pos[:, 0]
+
+    @contextlib.contextmanager
+    def placing(self, mb: MicroBatch, device: torch.device) -> Iterator[None]:
+        """While open, the model puts image features on the row's image spans only (`mb.images`): a
+        sampled image-pad token elsewhere (a random policy may sample one) stays a text token, as the
+        engine decoded it. Overrides the model's `get_placeholder_mask` on this instance."""
+        mask = torch.zeros(mb.num_tokens, dtype=torch.bool, device=device)
+        for im in mb.images:
+            mask[im.offset : im.offset + im.length] = True
+
+        def placeholder_mask(input_ids, inputs_embeds, image_features=None, video_features=None):
+            if (
+                image_features is not None
+                and int(mask.sum()) * inputs_embeds.shape[-1] != image_features.numel()
+            ):
+                raise ValueError(
+                    f"row has {int(mask.sum())} image tokens, features for {image_features.shape[0]}"
+                )
+            return mask[None, :, None], torch.zeros_like(mask)[None, :, None]
+
+        self._inner.get_placeholder_mask = placeholder_mask
+        try:
+            yield
+        finally:
+            del self._inner.get_placeholder_mask

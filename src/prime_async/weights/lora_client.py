@@ -70,13 +70,16 @@ class LoraEngineClient:
         return self._current
 
     async def generate(
-        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
-    ) -> GenerateResult:
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
+        *, image_data: list[str] | None = None,
+    ) -> GenerateResult:  # fmt: skip
         version = await self._version()
         lora = adapter_name(version) if version > 0 else None
         self._inflight[version] += 1
         try:
-            result = await self.inner.generate(input_ids, sampling_params, rid, lora_path=lora)
+            result = await self.inner.generate(
+                input_ids, sampling_params, rid, lora_path=lora, image_data=image_data
+            )
         finally:
             self._inflight[version] -= 1
         result.token_versions = [version] * len(result.output_ids)
