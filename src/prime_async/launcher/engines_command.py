@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +91,6 @@ def _started(run_dir: Path, url: str) -> Path:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from prime_async.launcher.identity import free_ports
+
+    return free_ports("127.0.0.1", 1)  # picked as `rl` picks its engines' ports

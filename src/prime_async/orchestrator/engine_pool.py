@@ -1,7 +1,7 @@
 """The elastic engine pool: engines join and leave a running orchestrator (`docs/elastic.md`).
 
     rl-engines add|remove ──► output_dir/engines/requests/<id>.json (`engine_requests.py`)
-        ──► EnginePool.run() (polls every POLL_S) ──► add / remove ──► results/<id>.json, live.json
+        ──► EnginePool.run() (reads it every POLL_S) ──► add / remove ──► results/<id>.json, live.json
 
 The run's engines are one list object (`LifetimeIO.engines`) shared by the gateways (routing), the weight
 watcher (pause, load, resume, outages, the in_place flush), the weight probe, the engine-load metric and
@@ -47,7 +47,7 @@ from prime_async.weights.watcher import WeightWatcher
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 1.0  # how often the requests directory is read
+POLL_S = 0.25  # how often the requests directory is read (a glob of one small directory)
 
 
 class EnginePool:
@@ -80,7 +80,7 @@ class EnginePool:
         """Why this run cannot change its engines (one line), or None."""
         if self.cfg.weights.transport != "filesystem":
             return f"weights.transport = {self.cfg.weights.transport!r}: only 'filesystem' runs add engines"
-        if self.cfg.lora is not None:
+        if self.cfg.inference.lora is not None:
             return "a LoRA run cannot add engines yet (its engines name an adapter per version)"
         return None
 
@@ -127,10 +127,10 @@ class EnginePool:
         return f"{req.url} joined at weight version {version}"
 
     async def _join(self, client: EngineClient, timeout_s: float) -> int:
-        await wait_for_engines([client], timeout_s=timeout_s)
+        await wait_for_engines([client], timeout_s=timeout_s / 2)  # the rest: the checks and the load
         broadcasts = self.output_dir / "broadcasts"
         await check_engines_belong_to_run(
-            [client], self.cfg.run_id, model_path=str(self.cfg.model.path), broadcasts=broadcasts
+            [client], self.cfg.inference.run_id, model_path=str(self.cfg.model.path), broadcasts=broadcasts
         )
         async with self.watcher.pin:  # no update runs while it loads: it joins at the served version
             served = self.admission.served_version
@@ -178,7 +178,7 @@ async def start_engine_pool(
     from prime_async.inference.client import engine_clients
 
     def make_client(url: str, api_key: str | None) -> EngineClient:
-        return engine_clients([url], api_key, lora=False, routed_experts=cfg.router_replay)[0]
+        return engine_clients([url], api_key, lora=False, routed_experts=cfg.inference.router_replay)[0]
 
     pool = EnginePool(
         cfg, engines, watcher=comps.watcher, admission=comps.admission, groups=comps.groups,
