@@ -633,13 +633,14 @@ PROBE_LINES = ("on the weight probe", "the weight probe could not be scored")  #
 
 
 def check_probe(run: CellRun, orch: list[dict]) -> None:
-    """A probe cell (full weights) checks the versions it loads: outside kill cells, every row that loaded
-    one (but the last) has `weights/probe_*` in it or in the next row (the check runs after the load,
-    concurrently with the batch that may cut the row), and no probe line is logged (no mismatch, no
-    probe that could not be scored); a kill cell checks at least one version (a restarted orchestrator
-    skips those announced before it came up; a killed engine may fail a probe) and logs no mismatch.
-    Every figure is within `weights.probe`'s thresholds. Without the probe, and in LoRA cells (the
-    engines would score the base model, docs/weights.md), there is no `weights/probe_*`."""
+    """A probe cell (full weights) checks the versions it loads: every `weights/probe_*` logged is within
+    `weights.probe`'s thresholds and no mismatch is logged; outside kill cells, every row that loaded a
+    version (but the last) has the figures in it or in the next row (the check runs after the load,
+    concurrently with the batch that may cut the row) and no probe could not be scored. A kill cell may
+    skip versions (a restarted orchestrator has no reference for those announced before it came up; a
+    killed engine fails its probe). Versions loaded after the last row (a high K loads none before)
+    show in no row. Without the probe, and in LoRA cells (the engines would score the base model,
+    docs/weights.md), there is no `weights/probe_*`."""
     from prime_async.config.probe import WeightProbeConfig
 
     checked = [m for m in orch if PROBE[0] in m]
@@ -650,7 +651,6 @@ def check_probe(run: CellRun, orch: list[dict]) -> None:
     lines = (run.out / "logs" / "orchestrator.log").read_text().splitlines()
     forbidden = PROBE_LINES if run.cell["kill"] == "none" else PROBE_LINES[:1]
     assert not [line for line in lines if any(s in line for s in forbidden)], "\n".join(lines[-40:])
-    assert checked, "no version was checked by the weight probe"
     limits = WeightProbeConfig()
     for m in checked:
         figures = {k: m[k] for k in PROBE}
