@@ -26,7 +26,7 @@ from typing import Any
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.engine_api import GenerateResult, SamplingParams
 from prime_async.eval.episodes import EvalResult
-from prime_async.eval.in_run import InRunEval, due_versions
+from prime_async.eval.in_run import InRunEval, TrainingSide, due_versions
 from prime_async.eval.setup import eval_envs
 from prime_async.orchestrator.components import ComponentInputs, Components, build_components
 from prime_async.orchestrator.orchestrator import run_loop
@@ -465,8 +465,12 @@ def _evaluator(
     return InRunEval(
         cfg=cfg.eval, envs=envs, on_result=result.evals.append,
         due=due_versions(cfg.eval, max_steps=cfg.max_steps, start_version=comps.admission.served_version),
-        served_version=lambda: comps.admission.served_version, loader=FilesystemLoader(broadcasts),
-        pin=comps.watcher.pin, update_engines=comps.watcher.update_to,
-        engines=engines if cfg.eval.placement != "shared" else (),
-        progress=lambda: comps.groups.next_batch_step, clock=asyncio.get_running_loop().time,
+        training=TrainingSide(
+            served_version=lambda: comps.admission.served_version,
+            progress=lambda: comps.groups.next_batch_step,
+            pin=comps.watcher.pin,
+            update_engines=comps.watcher.update_to,
+        ),
+        loader=FilesystemLoader(broadcasts), engines=engines if cfg.eval.placement != "shared" else (),
+        clock=asyncio.get_running_loop().time,
     )  # fmt: skip

@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from prime_async.config.orchestrator import OrchestratorEvalConfig
 from prime_async.engine_api import EngineClient
@@ -56,6 +57,18 @@ def due_versions(cfg: OrchestratorEvalConfig, *, max_steps: int, start_version: 
     return sorted(v for v in due if v >= start_version)
 
 
+@dataclass(frozen=True)
+class TrainingSide:
+    """What the eval sees of the training run, all of it the weight watcher's: the version the training
+    engines serve and the next batch step (`eval/lag_steps`); for the shared placement the update pin (an
+    update waits while an eval holds it) and a load of the final version into the training engines."""
+
+    served_version: Callable[[], int]
+    progress: Callable[[], int] = lambda: 0
+    pin: asyncio.Lock | None = None
+    update_engines: Callable[[int], Awaitable[None]] | None = None
+
+
 class InRunEval:
     """Runs the eval of each due version in the background (see the module docstring)."""
 
@@ -66,17 +79,14 @@ class InRunEval:
         envs: Sequence[EvalEnv],
         due: Sequence[int],
         on_result: Callable[[EvalResult], None],
-        served_version: Callable[[], int],
+        training: TrainingSide,
         loader: WeightLoader,
-        pin: asyncio.Lock | None = None,
-        update_engines: Callable[[int], Awaitable[None]] | None = None,
         engines: Sequence[EngineClient] = (),
-        progress: Callable[[], int] = lambda: 0,
         decode: Decode | None = None,
         poll_interval_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
     ):
-        if cfg.placement == "shared" and pin is None:
+        if cfg.placement == "shared" and training.pin is None:
             raise ValueError("the shared eval placement needs the weight watcher's pin")
         if cfg.placement != "shared" and not engines:
             raise ValueError(f"the {cfg.placement} eval placement needs eval engines")
@@ -84,12 +94,9 @@ class InRunEval:
         self.envs = list(envs)
         self.pending = sorted(due)
         self.on_result = on_result
-        self.served_version = served_version
-        self.pin = pin
-        self.update_engines = update_engines
+        self.training = training
         self.engines = list(engines)
         self.loader = loader  # the run's broadcasts (eval runs on the filesystem transport only)
-        self.progress = progress
         self.decode = decode
         self.poll_interval_s = poll_interval_s
         self.clock = clock
@@ -122,21 +129,22 @@ class InRunEval:
                            "giving up on them", self.pending, timeout_s)  # fmt: skip
 
     async def _finish(self) -> None:
-        if self.cfg.placement == "shared" and self.pending and self.update_engines is not None:
+        update_engines = self.training.update_engines
+        if self.cfg.placement == "shared" and self.pending and update_engines is not None:
             final = self.pending[-1]
             while (self.loader.latest() or 0) < final:
                 await asyncio.sleep(self.poll_interval_s)
-            await self.update_engines(final)
+            await update_engines(final)
         await self._done.wait()
 
     # -- placements ------------------------------------------------------------------------------------
     async def _shared_step(self) -> None:
-        assert self.pin is not None
-        if self.served_version() < self.pending[0]:
+        assert self.training.pin is not None
+        if self.training.served_version() < self.pending[0]:
             await asyncio.sleep(self.poll_interval_s)
             return
-        async with self.pin:  # weight updates wait until this eval is over
-            version = self.served_version()
+        async with self.training.pin:  # weight updates wait until this eval is over
+            version = self.training.served_version()
             self._take(version)
             await self._with_retries(version, lambda: self._evaluate(version))
 
@@ -205,7 +213,7 @@ class InRunEval:
             decode=self.decode, clock=self.clock,
         )  # fmt: skip
         result.metrics["eval/time"] = self.clock() - start
-        result.metrics["eval/lag_steps"] = float(max(self.progress() - version, 0))
+        result.metrics["eval/lag_steps"] = float(max(self.training.progress() - version, 0))
         result.metrics["eval/skipped_versions"] = float(len(self.skipped))
         result.metrics["eval/failed_versions"] = float(len(self.failed))
         for line in result.summary([env.name for env in self.envs]):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.engine_api import EngineClient
 from prime_async.eval.episodes import EvalResult
-from prime_async.eval.in_run import InRunEval, due_versions
+from prime_async.eval.in_run import InRunEval, TrainingSide, due_versions
 from prime_async.eval.setup import eval_envs, tokenizer_decode, write_samples
 from prime_async.rollouts.engine_checks import check_engines_belong_to_run, wait_for_engines
 from prime_async.rollouts.env_sources import build_sources
@@ -72,11 +72,12 @@ async def start_in_run_eval(
     return InRunEval(
         cfg=ecfg, envs=envs, on_result=_eval_logger(cfg, monitor),
         due=due_versions(ecfg, max_steps=cfg.max_steps, start_version=watcher.served_version),
-        served_version=lambda: watcher.served_version,
+        training=TrainingSide(
+            served_version=lambda: watcher.served_version, progress=lambda: watcher.groups.next_batch_step,
+            pin=watcher.pin, update_engines=watcher.update_to,
+        ),
         loader=broadcast_loader(BroadcastDir(cfg.output_dir / "broadcasts"), lora=lora),
-        pin=watcher.pin, update_engines=watcher.update_to,
         engines=eval_engines if ecfg.placement != "shared" else (),
-        progress=lambda: watcher.groups.next_batch_step,
         decode=tokenizer_decode(cfg.model.path) if ecfg.samples or ecfg.wandb_table else None,
     )  # fmt: skip
 
