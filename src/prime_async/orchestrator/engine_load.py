@@ -26,9 +26,10 @@ class EngineLoad:
 
     async def metrics(self, timeout_s: float = 2.0) -> dict[str, float]:
         """`engine/busy_fraction` since the previous call; {} when no engine reports its counters."""
-        infos = await asyncio.gather(*(self._info(e, timeout_s) for e in self.engines))
+        engines = list(self.engines)  # the pool may change the live list while the answers come
+        infos = await asyncio.gather(*(self._info(e, timeout_s) for e in engines))
         fractions = []
-        for engine, info in zip(self.engines, infos, strict=True):
+        for engine, info in zip(engines, infos, strict=True):
             if not info or "busy_s" not in info or "uptime_s" not in info:
                 continue
             now = (float(info["busy_s"]), float(info["uptime_s"]))

@@ -72,7 +72,7 @@ class EngineOutage:
             logger.info("engines not healthy yet: retry in %.1f s", delay)
             await asyncio.sleep(delay)
             delay = min(2 * delay, BACKOFF_MAX_S)
-        for engine in self.engines:  # an engine that survived a failed pause must not stay paused
+        for engine in list(self.engines):  # an engine that survived a failed pause must not stay paused
             with contextlib.suppress(Exception):  # tolerated: best effort, the next update re-pauses
                 await engine.continue_generation()
         down = self.clock() - self._since
