@@ -172,3 +172,18 @@ def test_lora_on_the_language_model_with_images(vlm, tiny_vlm_model_dir: Path, t
     base_logits = runner.prefill([prompt.ids], [1], None, [prompt])
     assert (torch.log_softmax(logits[0], -1) - ref).abs().max() < TOL
     assert (torch.log_softmax(base_logits[0], -1) - ref).abs().max() > 1e-3  # the adapter mattered
+
+
+def test_vision_cache_evicts_least_recent_by_tokens(vlm, tiny_vlm_model_dir: Path) -> None:
+    _, _, inputs, short, _ = vlm
+    runner = ModelRunner(model_path=str(tiny_vlm_model_dir), dtype="float32", device="cpu", num_slots=1,
+                         max_len=256, chunk=64)  # fmt: skip
+    tower = runner.vision
+    same = inputs.prepare(short, [data_url(IMAGES[0])] * 2, "p")  # one image twice: encoded once
+    first = tower.embeddings(same)
+    assert tower.images_encoded == 1 and tower.cache_hits == 1 and torch.equal(first[0], first[1])
+    tower.max_cached_tokens = first[0].shape[0]  # room for one image
+    other = inputs.prepare(short, [data_url(IMAGES[1])] * 2, "p")
+    tower.embeddings(other)
+    tower.embeddings(same)  # evicted by `other`: encoded again
+    assert tower.images_encoded == 3

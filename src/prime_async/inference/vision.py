@@ -6,7 +6,8 @@ Called by `inference/model_runner.py` on the engine thread only.
 Invariants:
 - `VisionTower.embeddings` runs the tower only on images whose key (`ImagePrompt.keys`: a digest of the
   pixel values and grid) is not cached; cached embeddings are reused until `clear()`, which the runner
-  calls on every weight load (new weights: the tower's output changes). A re-prefill of a retracted
+  calls on every weight load (new weights: the tower's output changes), or until evicted (least recently
+  used first, beyond `max_cached_tokens`; never an image of the prompt being embedded). A re-prefill of a retracted
   request, or the next turn of an episode resending its images, hits the cache under the same weights.
 - `mrope_positions` gives what transformers' `get_rope_index` gives for an image-then-text prompt: text
   tokens advance all three axes together; an image's tokens take (t, h, w) grid positions from the
@@ -44,21 +45,30 @@ def model_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 class VisionTower:
     """The model's vision tower (`get_image_features`) with an LRU cache of embeddings by image key."""
 
-    def __init__(self, model, device: torch.device, dtype: torch.dtype, max_cached: int = 512) -> None:
+    def __init__(
+        self, model, device: torch.device, dtype: torch.dtype, max_cached_tokens: int = 32768
+    ) -> None:
+        """`max_cached_tokens`: image tokens kept (least recently used evicted first; 32768 tokens of a
+        7B model's width 3584 in bfloat16 are 235 MB)."""
         self.model = model  # the HF *ForConditionalGeneration's inner model (has get_image_features)
         self.device, self.dtype = device, dtype
-        self.max_cached = max_cached
+        self.max_cached_tokens = max_cached_tokens
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._cached_tokens = 0
         self.images_encoded = 0
         self.cache_hits = 0
         self.seconds = 0.0
 
     def clear(self) -> None:
         self._cache.clear()
+        self._cached_tokens = 0
 
     def embeddings(self, image: ImagePrompt) -> list[torch.Tensor]:
         """Each image's embeddings (tokens, hidden), the uncached ones computed in one tower call."""
-        missing = [k for k, key in enumerate(image.keys) if key not in self._cache]
+        missing: list[int] = []  # the first image of each key not cached
+        for k, key in enumerate(image.keys):
+            if key not in self._cache and key not in (image.keys[j] for j in missing):
+                missing.append(k)
         self.cache_hits += len(image.keys) - len(missing)
         if missing:
             t0 = time.monotonic()
@@ -67,14 +77,15 @@ class VisionTower:
             out = self.model.get_image_features(pixel_values=pixels, image_grid_thw=grid).pooler_output
             for k, emb in zip(missing, out, strict=True):
                 self._cache[image.keys[k]] = emb
+                self._cached_tokens += emb.shape[0]
             self.images_encoded += len(missing)
             self.seconds += time.monotonic() - t0
         embs = []
         for key in image.keys:
             self._cache.move_to_end(key)
             embs.append(self._cache[key])
-        while len(self._cache) > self.max_cached:
-            self._cache.popitem(last=False)
+        while self._cached_tokens > self.max_cached_tokens and len(self._cache) > len(set(image.keys)):
+            self._cached_tokens -= self._cache.popitem(last=False)[1].shape[0]
         return embs
 
 
