@@ -17,6 +17,7 @@ reward is in [0, 1]; the env never makes more than `turns` model turns; every im
 
 from __future__ import annotations
 
+import base64
 import random
 from collections.abc import Iterable
 
@@ -36,6 +37,8 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 SHAPES = ("circle", "square")
 SYSTEM_PROMPT = "You see images of shapes. Answer with the colour of the shapes: one word."
 QUESTION = "What colour are the shapes? One word."
+BROKEN_IMAGE = "data:image/png;base64," + base64.b64encode(b"not a png").decode()
+"""A data URL whose bytes are no image (`broken_every`)."""
 
 
 def draw_shapes(colour: str, count: int, size: int, rng: random.Random) -> Image.Image:
@@ -120,12 +123,17 @@ class ImageShapesTasksetConfig(vf.TasksetConfig):
     """Image side in pixels (56: 4 image tokens each on a Qwen2.5-VL processor, patch 14, merge 2)."""
     max_shapes: int = Field(3, ge=1, le=8)
     """Shapes per image: 1 to this."""
+    broken_every: int = Field(0, ge=0)
+    """> 0: every `broken_every`-th task's last image is not a decodable PNG (`BROKEN_IMAGE`): shows a
+    corrupt image failing its episode (an error naming the example) while the run goes on. 0: none."""
 
 
 def make_task(index: int, cfg: ImageShapesTasksetConfig, rng: random.Random) -> ImageShapesTask:
     """Task `index`: `cfg.turns` images of random colours, the first in the prompt."""
     colours = [rng.choice(sorted(COLOURS)) for _ in range(cfg.turns)]
     images = [image_data_url(draw_shapes(c, rng.randint(1, cfg.max_shapes), cfg.size, rng)) for c in colours]
+    if cfg.broken_every and index % cfg.broken_every == cfg.broken_every - 1:
+        images[-1] = BROKEN_IMAGE
     data = ImageShapesData(
         id=f"image_shapes-{index}",
         prompt=[image_message(images[0], QUESTION)],

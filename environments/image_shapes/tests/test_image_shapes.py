@@ -65,3 +65,11 @@ def test_reward_scores_each_reply_against_its_image() -> None:
     assert asyncio.run(task.colour(data, Replies("red", "green"))) == 0.75
     assert asyncio.run(task.correct(data, Replies("red", "green"))) == 0.5
     assert asyncio.run(task.images(data, Replies("red"))) == 1.0
+
+
+def test_broken_every_corrupts_the_last_image_of_every_nth_task() -> None:
+    from image_shapes.env import BROKEN_IMAGE
+
+    tasks = ImageShapesTaskset(ImageShapesTasksetConfig(num_examples=6, broken_every=3)).load()
+    assert [t.data.images[-1] == BROKEN_IMAGE for t in tasks] == [False, False, True] * 2
+    assert all(t.data.images[0] != BROKEN_IMAGE for t in tasks)
