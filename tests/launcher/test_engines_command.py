@@ -23,7 +23,7 @@ from prime_async.orchestrator.engine_requests import EngineRequest, EngineResult
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     (tmp_path / "configs").mkdir()
-    (tmp_path / "configs" / "orchestrator.toml").write_text("")
+    requests.write_live(tmp_path, ["http://e0"], 3)  # what the orchestrator's pool writes at its start
     return tmp_path
 
 
@@ -77,7 +77,7 @@ def test_bad_arguments_are_one_line_and_exit_2(run_dir: Path, tmp_path: Path, ca
     assert capsys.readouterr().err.strip() == "rl-engines: rl-engines add needs --url"
     assert _exit(["add", "--run", str(run_dir), "--url", "ftp://x"]) == 2
     assert _exit(["add", "--run", str(tmp_path / "nowhere"), "--url", "http://x"]) == 2
-    assert "not an rl output_dir" in capsys.readouterr().err
+    assert "no orchestrator is running there" in capsys.readouterr().err
 
 
 def test_no_orchestrator_answers_within_the_deadline(run_dir: Path, monkeypatch):
@@ -103,10 +103,10 @@ def test_remove_stops_only_the_engine_start_started(run_dir: Path, orchestrator)
             engine.wait()
 
 
-def test_list_reads_live_json(run_dir: Path, capsys):
+def test_list_reads_live_json(tmp_path: Path, capsys):
+    run_dir = tmp_path
     main(["list", "--run", str(run_dir)])
-    assert "has not started" in capsys.readouterr().out
-    (requests.engines_dir(run_dir)).mkdir(exist_ok=True)
+    assert "no orchestrator is running" in capsys.readouterr().out
     requests.write_live(run_dir, ["http://e0", "http://e1"], 7)
     main(["list", "--run", str(run_dir)])
     assert capsys.readouterr().out.strip() == "2 engine(s) at weight version 7: http://e0, http://e1"

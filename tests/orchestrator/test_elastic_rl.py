@@ -122,5 +122,6 @@ def _check_run(out: Path, dying: str) -> None:
     two = [i for i, n in enumerate(counts) if n == 2]
     assert counts[0] == 1 and two and two[0] >= 4 and counts[-1] == 1, counts
     assert counts.index(1, two[0]) >= 8 and set(counts) == {1, 2}, counts
+    assert not (out / "engines" / "live.json").exists(), "the pool says no orchestrator runs any more"
     log = (out / "logs" / "orchestrator.log").read_text()
     assert log.count(f"add {dying} refused") == 1, "the engine that died while joining: one line"

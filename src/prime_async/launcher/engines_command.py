@@ -30,8 +30,7 @@ ANSWER_MARGIN_S = 30.0  # the orchestrator polls its requests every second; its 
 
 def change(run_dir: Path, request: EngineRequest) -> EngineResult:
     """Ask the run's orchestrator for `request` and wait for the answer (refused after the deadline)."""
-    if not (run_dir / "configs" / "orchestrator.toml").exists():
-        raise ValueError(f"--run {run_dir}: not an rl output_dir (no configs/orchestrator.toml)")
+    _require_live(run_dir)
     rid = requests.submit(run_dir, request)
     result = requests.wait_result(run_dir, rid, request.timeout_s + ANSWER_MARGIN_S)
     if result is None:
@@ -47,6 +46,7 @@ def change(run_dir: Path, request: EngineRequest) -> EngineResult:
 def start(run_dir: Path, port: int | None, timeout_s: float) -> EngineResult:
     """Start one engine with the run's inference config on `port` (free when None), then add it; an engine
     that could not join is stopped again."""
+    _require_live(run_dir)  # before an engine is started that nobody would add
     config = run_dir / "configs" / "inference.toml"
     if not config.exists():
         raise ValueError(f"--run {run_dir}: no configs/inference.toml (the run's engines are not rl's)")
@@ -80,10 +80,17 @@ def live(run_dir: Path) -> str:
     """The engines serving now, one line."""
     data = requests.read_live(run_dir)
     if data is None:
-        return f"no engines/live.json in {run_dir}: the orchestrator has not started"
+        return f"no engines/live.json in {run_dir}: no orchestrator is running there"
     return f"{len(data['engines'])} engine(s) at weight version {data['served_version']}: " + ", ".join(
         data["engines"]
     )
+
+
+def _require_live(run_dir: Path) -> None:
+    """ValueError (one line) unless an orchestrator runs there: its pool writes `live.json` at its start
+    and removes it when it stops."""
+    if requests.read_live(run_dir) is None:
+        raise ValueError(f"--run {run_dir}: no orchestrator is running there (no engines/live.json)")
 
 
 def _started(run_dir: Path, url: str) -> Path:

@@ -190,6 +190,7 @@ async def start_engine_pool(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(task, timeout=5.0)
+        requests.clear_live(pool.output_dir)  # `rl-engines` now says no orchestrator runs there
 
     stack.push_async_callback(stop)
     return pool

@@ -3,7 +3,8 @@ an engine, and how the answer comes back (`docs/elastic.md`).
 
     output_dir/engines/requests/<id>.json   {"op": "add" | "remove", "url", "api_key", "timeout_s"}
     output_dir/engines/results/<id>.json    {"ok", "message", "engines": [url, ...]}
-    output_dir/engines/live.json            {"engines": [url, ...], "served_version"}
+    output_dir/engines/live.json            {"engines": [url, ...], "served_version"}: while an
+                                            orchestrator runs (written at its start, removed at its end)
 
 Invariants: every file is written under a temporary name and renamed into place, so a reader never sees
 half a file; a request is answered by exactly one result of the same id and then deleted; files are
@@ -118,6 +119,11 @@ def wait_result(output_dir: Path, rid: str, timeout_s: float, poll_s: float = 0.
 def write_live(output_dir: Path, urls: list[str], served_version: int) -> None:
     """The engines serving now (written at start and after every change)."""
     write_json(engines_dir(output_dir) / "live.json", {"engines": urls, "served_version": served_version})
+
+
+def clear_live(output_dir: Path) -> None:
+    """The orchestrator stopped: no engines serve for it any more."""
+    (engines_dir(output_dir) / "live.json").unlink(missing_ok=True)
 
 
 def read_live(output_dir: Path) -> dict[str, Any] | None:
