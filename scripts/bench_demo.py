@@ -6,7 +6,7 @@ Usage:
 
 For each seed it runs the sync config (K = 0) and the async config (K from the config) to completion, one
 after the other (which goes first alternates by seed, so a drifting machine load does not favour one
-side), with `--orchestrator.seed S --inference.engine.seed S` and the extra `rl` overrides. Then, per
+side), with `--orchestrator.data.seed S --inference.engine.seed S` and the extra `rl` overrides. Then, per
 seed (the figures of `scripts/compare_runs.py`):
 
     first/last     mean reward of the first and of the last `--window` steps, and the gain (last - first)
@@ -60,7 +60,7 @@ def run_seed(seed: int, args: argparse.Namespace, extra: list[str]) -> dict[str,
     order = SIDES if seed % 2 == 0 else SIDES[::-1]
     for side in order if not args.report_only else ():
         config = args.sync_config if side == "sync" else args.config
-        seeds = ["--orchestrator.seed", str(seed), "--inference.engine.seed", str(seed)]
+        seeds = ["--orchestrator.data.seed", str(seed), "--inference.engine.seed", str(seed)]
         walls[side] = run_rl(config, args.out_dir / f"seed{seed}" / side, args.steps, None, [*seeds, *extra])
     runs = {side: load_run(args.out_dir / f"seed{seed}" / side) for side in SIDES}
     target = final_smoothed_reward(runs["sync"], args.window) - args.tolerance

@@ -99,7 +99,7 @@ class Side:
     def __init__(self, name: str, cfg: TrainerConfig, *, new_path: bool, shared: bool):
         self.name, self.cfg, self.new_path, self.shared = name, cfg, new_path, shared
         model = load_model(cfg, torch.device("cpu"))
-        self.model = parallelize(model, activation_checkpointing=False, compile=cfg.compile)
+        self.model = parallelize(model, activation_checkpointing=False, compile=cfg.runtime.compile)
         if new_path:
             self.optimizer = build_optimizer(cfg.optim, self.model)
         else:  # what build_optimizer made before: torch's default, the single-tensor loop on CPU
@@ -236,7 +236,7 @@ def run_rounds(
     for side in sides:
         tick = _clock()
         side.timed_step(batches[side.shared])
-        if side.cfg.compile:
+        if side.cfg.runtime.compile:
             print(f"{side.name}: first step (compilation) {_clock() - tick:.1f} s", flush=True)
     samples: dict[str, list[dict[str, float]]] = {s.name: [] for s in sides}
     for r in range(repeats):

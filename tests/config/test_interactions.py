@@ -78,7 +78,8 @@ def test_router_replay_is_copied_everywhere_and_refused_where_it_cannot_hold(tmp
 
     moe = ["--model.path", str(tmp_path / "moe"), "--model.build", "tiny_moe", "--router-replay", "true"]
     cfg = load_config(RLConfig, moe)
-    assert cfg.inference.router_replay and cfg.orchestrator.router_replay and cfg.trainer.router_replay
+    assert cfg.inference.router_replay and cfg.trainer.router_replay
+    assert cfg.orchestrator.inference.router_replay
     assert "router_replay = true with lora" in rl_error([*moe, *LORA])
     error = rl_error([*moe, "--trainer.backend", "megatron"])
     assert "router_replay = true with trainer.backend = 'megatron'" in error

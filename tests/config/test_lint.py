@@ -85,7 +85,7 @@ def test_max_tokens_near_seq_len_names_the_env_and_the_margin() -> None:
         "lint/max-tokens-near-seq-len: orchestrator.sampling.max_tokens = 240 with seq_len = 256 leaves 16 "
         "tokens for the prompt"
     )
-    assert "sink.overlong = 'truncate'" in line and "lower max_tokens (<= 192" in line
+    assert "batch.sink.overlong = 'truncate'" in line and "lower max_tokens (<= 192" in line
     override = {"seq_len": 256, "orchestrator": {"envs": [{"sampling": {"max_tokens": 200}}]}}
     [line] = _lines(RLConfig.model_validate(override))
     assert "orchestrator.envs[reverse-text].sampling.max_tokens = 200" in line
@@ -101,8 +101,8 @@ def test_group_size_one() -> None:
         "lint/group-size-one: group_size = 1: the group-relative advantage (reward - group mean) is always "
         "0: no learning signal; fix: set group_size >= 2 (4-16 is usual)"
     )
-    [line] = _lines(_rl(group_size=1, sink={"reject_equal_reward": True}))
-    assert "sink.reject_equal_reward drops every group" in line
+    [line] = _lines(_rl(group_size=1, batch={"sink": {"reject_equal_reward": True}}))
+    assert "batch.sink.reject_equal_reward drops every group" in line
 
 
 def test_drain_offpolicy() -> None:

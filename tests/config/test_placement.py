@@ -24,7 +24,7 @@ GPU_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "gpu"
 TWO_RANKS = ["--trainer.num-processes", "2"]
 DISTRIBUTED = ["--weights.transport", "distributed"]
 SHARED = shared_device_transport()
-SHARED_ARGS = ["--weights.transport", str(SHARED), "--trainer.mem-fraction", "0.5",
+SHARED_ARGS = ["--weights.transport", str(SHARED), "--trainer.runtime.mem-fraction", "0.5",
                "--inference.engine.mem-fraction", "0.4"]  # fmt: skip
 
 

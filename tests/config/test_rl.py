@@ -48,7 +48,7 @@ def test_defaults_are_consistent_across_components() -> None:
     assert cfg.trainer.transport == cfg.orchestrator.transport == cfg.transport
     assert cfg.orchestrator.inference.base_urls == ["http://127.0.0.1:30000"]
     assert cfg.trainer.max_off_policy_steps == cfg.orchestrator.max_off_policy_steps
-    assert cfg.orchestrator.packing.num_train_ranks == cfg.trainer.num_processes == 1
+    assert cfg.orchestrator.batch.packing.num_train_ranks == cfg.trainer.num_processes == 1
     assert cfg.orchestrator.inference.max_running_requests == cfg.inference.engine.max_running_requests
 
 
@@ -87,7 +87,7 @@ def test_cross_component_links() -> None:
     assert cfg.orchestrator.inference.base_urls == ["http://127.0.0.1:31000"]
     assert cfg.orchestrator.inference.max_running_requests == 12
     assert cfg.trainer.max_off_policy_steps == 3
-    assert cfg.orchestrator.packing.num_train_ranks == 2
+    assert cfg.orchestrator.batch.packing.num_train_ranks == 2
 
 
 def test_sglang_engines_and_exposed_host_with_api_key() -> None:
@@ -110,7 +110,7 @@ def test_section_files_merge_into_their_section(tmp_path: Path) -> None:
     trainer = write(tmp_path, "t.toml", "num_processes = 2\n[optim]\nlr = 2e-6\n")
     cfg = load_config(RLConfig, ["--trainer", "@", trainer, "--trainer.optim.warmup-steps", "3"])
     assert cfg.trainer.optim.lr == 2e-6 and cfg.trainer.optim.warmup_steps == 3
-    assert cfg.orchestrator.packing.num_train_ranks == 2
+    assert cfg.orchestrator.batch.packing.num_train_ranks == 2
 
 
 def test_explicit_equal_values_are_allowed(tmp_path: Path) -> None:
@@ -139,10 +139,11 @@ def test_explicit_equal_values_are_allowed(tmp_path: Path) -> None:
             "orchestrator.max_off_policy_steps",
         ),
         (
-            ["--orchestrator.packing.num-train-ranks", "4"],
-            "--orchestrator.packing.num-train-ranks: orchestrator.packing.num_train_ranks = 4 conflicts with "
+            ["--orchestrator.batch.packing.num-train-ranks", "4"],
+            "--orchestrator.batch.packing.num-train-ranks: orchestrator.batch.packing.num_train_ranks = 4 "
+            "conflicts with "
             "trainer.num_processes = 1: rl copies trainer.num_processes into "
-            "orchestrator.packing.num_train_ranks, so set only trainer.num_processes",
+            "orchestrator.batch.packing.num_train_ranks, so set only trainer.num_processes",
         ),
         (
             ["--orchestrator.inference.base-urls", '["http://10.0.0.1:8000"]'],
@@ -200,7 +201,7 @@ def test_sub_validators_see_propagated_values() -> None:
 def test_python_construction_propagates_and_checks() -> None:
     cfg = RLConfig(seq_len=512, trainer=TrainerConfig(num_processes=2))
     assert cfg.trainer.seq_len == cfg.orchestrator.seq_len == 512
-    assert cfg.orchestrator.packing.num_train_ranks == 2
+    assert cfg.orchestrator.batch.packing.num_train_ranks == 2
     with pytest.raises(ValidationError, match=r"trainer\.seq_len = 256 conflicts with seq_len = 512"):
         RLConfig(seq_len=512, trainer=TrainerConfig(seq_len=256))
 
@@ -231,7 +232,7 @@ def test_a_changed_config_propagates_again() -> None:
     cfg = cfg.with_values(seq_len=640, max_steps=3)
     assert cfg.trainer.seq_len == cfg.orchestrator.seq_len == cfg.inference.seq_len == 640
     assert cfg.trainer.max_steps == cfg.orchestrator.max_steps == 3
-    assert cfg.orchestrator.packing.num_train_ranks == 2  # the given trainer value survived
+    assert cfg.orchestrator.batch.packing.num_train_ranks == 2  # the given trainer value survived
     with pytest.raises(ValidationError):
         cfg.with_values(seq_len=4)
     with pytest.raises(ValidationError, match="frozen"):

@@ -85,7 +85,7 @@ def test_episode_fits_measures_whole_episodes_not_first_prompts() -> None:
         "1 of 2 episodes outgrew seq_len 256" in result.detail and "turn 3's prompt is 308" in result.detail
     )
     assert "longest episode 308 tokens (example 4, 2 turns)" in result.detail
-    assert "raise seq_len to >= 324" in result.fix and "orchestrator.sink.overlong" in result.fix
+    assert "raise seq_len to >= 324" in result.fix and "orchestrator.batch.sink.overlong" in result.fix
     refused = Probe(6, [_episode([], set())])
     refused.episodes[0].overlong = True
     refused.episodes[0].metrics.update(

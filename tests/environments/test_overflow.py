@@ -69,7 +69,7 @@ def _run(tmp_path: Path, model_dir: Path, overlong: str) -> list[dict[str, float
     cfg = OrchestratorConfig.model_validate({
         "output_dir": str(tmp_path), "max_steps": 1, "seq_len": SEQ_LEN, "batch_groups": 1, "group_size": 2,
         "wandb": {"enabled": False}, "sampling": {"temperature": 1.0, "max_tokens": 24},
-        "sink": {"overlong": overlong},
+        "batch": {"sink": {"overlong": overlong}},
         "admission": {"max_dropped_groups_per_step": 2, "fail_fast_groups": 0},
         "envs": [{"id": "guess_game", "name": "guess", "args": ARGS}],
     })  # fmt: skip

@@ -73,7 +73,7 @@ def test_one_device_takes_the_shared_path_in_every_component() -> None:
     assert SHARED is not None
     transports = {cfg.weights.transport, cfg.trainer.weights.transport, cfg.orchestrator.weights.transport}
     assert transports == {SHARED}
-    assert cfg.trainer.mem_fraction is not None and cfg.inference.engine.mem_fraction is not None
+    assert cfg.trainer.runtime.mem_fraction is not None and cfg.inference.engine.mem_fraction is not None
     two, _ = gpus.place_run(load_config(RLConfig, []), num_devices=2)
     assert two.weights.transport == "filesystem", "apart on two devices: the default stays"
 

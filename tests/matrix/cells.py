@@ -157,7 +157,7 @@ def _kill_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) 
     if cell["kill"] != "none":
         cfg["restart"] = {"max_restarts": 1, "backoff_s": 0.5}
         cfg["trainer"]["ckpt"] = {"interval": 2}
-        cfg["orchestrator"]["ckpt"] = {"interval": 1}
+        cfg["orchestrator"]["data"] = {"ckpt": {"interval": 1}}
 
 
 # the sections of options that add more than one value to the base config, applied in this order

@@ -1,7 +1,7 @@
 """Megatron-backend checkpoints (`trainer/megatron/checkpoint.py`) through the real trainer loop.
 
 Run A trains steps 0-2 as one process (TP=1) with a checkpoint at step 2. Run B starts from A's checkpoint
-under torchrun at TP=2 (`resume = true`) and trains step 2: its loss and published weights must equal A's
+under torchrun at TP=2 (`ckpt.resume = true`) and trains step 2: its loss and published weights must equal A's
 (the checkpoint is layout-free and resuming is exact). `export-megatron` turns A's checkpoint into an HF
 directory equal to the version A published at that step. The fsdp backend refuses the checkpoint.
 """
@@ -45,8 +45,7 @@ def test_resume_at_another_layout_is_exact_and_exports(tiny_model_dir: Path, tmp
         config_dir=tmp_path / "cfg_b",
         nproc=2,
         steps=range(2, 3),
-        ckpt=ckpt,
-        resume=True,
+        ckpt={**ckpt, "resume": True},
     )
     assert "resumed from" in log and "loaded at tp=2" in log, log[-3000:]
     (row_a,) = [m for m in trainer_metrics(a) if m["step"] == 2]

@@ -109,7 +109,7 @@ def test_trainer_config_validates_the_megatron_setup(tmp_path: Path) -> None:
     assert ok.megatron.tensor_parallel_size == 2
     with pytest.raises(ValidationError, match="tensor_parallel_size = 3 must divide num_attention_heads"):
         TrainerConfig(backend="megatron", model=model, megatron={"tensor_parallel_size": 3})
-    with_ckpt = TrainerConfig(backend="megatron", model=model, ckpt={"interval": 5}, resume=True)
+    with_ckpt = TrainerConfig(backend="megatron", model=model, ckpt={"interval": 5, "resume": True})
     assert with_ckpt.ckpt.interval == 5  # sharded checkpoints (trainer/megatron/checkpoint.py)
     # The default backend never looks at the megatron section.
     assert TrainerConfig(model=model, megatron={"tensor_parallel_size": 3}).backend == "fsdp"

@@ -68,7 +68,8 @@ def test_work_newer_than_the_served_version_is_cut_off() -> None:
 def _orchestrator(out: Path, *, resume: bool):
     """Components of a real orchestrator (simulated engine and source) on `out`."""
     cfg = OrchestratorConfig.model_validate({
-        "output_dir": str(out), "max_steps": 8, "batch_groups": 2, "group_size": 4, "resume": resume,
+        "output_dir": str(out), "max_steps": 8, "batch_groups": 2, "group_size": 4,
+        "data": {"ckpt": {"resume": resume}},
         "admission": {"unused_handler": "retry"}, "inference": {"base_urls": ["sim://engine0"]},
         "envs": [{"id": "reverse-text", "name": "e"}],
     })  # fmt: skip

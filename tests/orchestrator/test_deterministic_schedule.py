@@ -151,8 +151,8 @@ def test_batches_do_not_depend_on_timing_or_caps(k, seed, latency, train_time, b
 def test_config_rules():
     with pytest.raises(ValueError, match=r"weights\.update_interval must be 1"):
         OrchestratorConfig(deterministic=True, max_off_policy_steps=2, weights={"update_interval": 2})
-    with pytest.raises(ValueError, match=r"remove sink\.import_path"):
-        OrchestratorConfig(deterministic=True, sink={"import_path": "x:Y"})
+    with pytest.raises(ValueError, match=r"remove batch\.sink\.import_path"):
+        OrchestratorConfig(deterministic=True, batch={"sink": {"import_path": "x:Y"}})
 
 
 def test_a_resumed_schedule_dispatches_at_the_version_the_engines_serve() -> None:

@@ -66,7 +66,7 @@ class Broadcasts:
 
 class World:
     def __init__(self, tmp_path: Path, made: dict[str, FakeEngine], *, served: int = 3):
-        cfg = OrchestratorConfig(output_dir=tmp_path, run_id=RUN)
+        cfg = OrchestratorConfig(output_dir=tmp_path, inference={"run_id": RUN})
         self.engines: list[Any] = [FakeEngine("http://e0", version=served)]
         self.groups = GroupTable(group_size=1, batch_groups=4, max_off_policy_steps=8,
                                  data=DataSource(num_examples=8), retry_unused=False,

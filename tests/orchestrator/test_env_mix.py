@@ -119,7 +119,7 @@ def two_env_config(tmp_path: Path, **kw) -> OrchestratorConfig:
         batch_groups=4, group_size=2, max_off_policy_steps=8,
         admission={"max_buffered_groups": 8, "unused_handler": "retry"},
         output_dir=tmp_path,
-        ckpt={"interval": 3}, wandb={"enabled": False},
+        data={"ckpt": {"interval": 3}}, wandb={"enabled": False},
         envs=[{"id": "sim", "name": "a", "ratio": 3, "args": {"num_examples": 30}},
               {"id": "sim", "name": "b", "ratio": 1, "args": {"num_examples": 10}}],
     )  # fmt: skip
@@ -135,7 +135,7 @@ def test_two_envs_resumed_mid_run_skip_and_repeat_no_prompt(tmp_path: Path) -> N
     assert ckpt["schedule"]["counts"] == by_env  # at a checkpoint the schedule counts = groups trained
     broadcasts = InMemoryBroadcasts()
     broadcasts.latest = 6  # the trainer restarts from its step-5 checkpoint
-    cfg = two_env_config(tmp_path, max_steps=12, resume=True)
+    cfg = two_env_config(tmp_path, max_steps=12, data={"ckpt": {"interval": 3, "resume": True}})
     second = run_virtual(run_simulation(cfg, params, broadcasts=broadcasts))
     assert sorted(second.trained) == list(range(6, 12))
     resumed = second.metrics[6]  # the restored counts + the groups dispatched since, minus the unused

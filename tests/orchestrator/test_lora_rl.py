@@ -92,7 +92,7 @@ def test_lora_rl_resumes_adapter_and_optimizer(tiny_model_dir: Path, tmp_path: P
     state = out / "checkpoints" / "trainer" / "step_2" / "trainer.pt"
     assert state.is_file()
     run_rl(out, tiny_model_dir, "--max-steps", "4", "--trainer.ckpt.interval", "2",
-           "--trainer.resume", "true", "--orchestrator.resume", "true")  # fmt: skip
+           "--trainer.ckpt.resume", "true", "--orchestrator.data.ckpt.resume", "true")  # fmt: skip
     check_steps(out, range(2, 4))
     assert (out / "broadcasts" / "step_4" / "adapter_model.safetensors").is_file()
     assert "resumed from" in (out / "logs" / "trainer.log").read_text()

@@ -72,7 +72,8 @@ def test_every_orchestrator_toml_parses(path: Path):
 @pytest.mark.parametrize(
     ("old", "new"),
     [("max_buffered_groups", "admission.max_buffered_groups"), ("unused_handler", "admission.unused_handler"),
-     ("num_train_ranks", "packing.num_train_ranks"), ("share_prompt_prefix", "packing.share_prompt_prefix")],
+     ("num_train_ranks", "batch.packing.num_train_ranks"),
+     ("share_prompt_prefix", "batch.packing.share_prompt_prefix")],
 )  # fmt: skip
 def test_keys_moved_into_sections_name_their_new_key(old: str, new: str, tmp_path: Path) -> None:
     """Given at its old place, a key is refused with one line naming the new key: by the loader (file

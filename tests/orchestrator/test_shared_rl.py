@@ -21,8 +21,8 @@ from prime_async.weights.shared_memory import shm_dir
 from proc_helpers import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ["--weights.transport", "shared", "--trainer.mem-fraction", "0.5", "--inference.engine.mem-fraction",
-          "0.4"]  # fmt: skip
+SHARED = ["--weights.transport", "shared", "--trainer.runtime.mem-fraction", "0.5",
+          "--inference.engine.mem-fraction", "0.4"]  # fmt: skip
 
 
 def run_rl(out: Path, model_dir: Path, *extra: str, steps: int) -> None:

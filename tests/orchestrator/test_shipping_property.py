@@ -34,7 +34,7 @@ def test_nothing_admitted_is_cancelled_or_stale(
 ):
     cfg = OrchestratorConfig.model_validate({
         "max_steps": 12, "batch_groups": batch_groups, "group_size": group_size, "max_off_policy_steps": k,
-        "admission": {"submission_granularity": granularity}, "sink": {"order": order},
+        "admission": {"submission_granularity": granularity}, "batch": {"sink": {"order": order}},
         "wandb": {"enabled": False},
         "inference": {"base_urls": ["sim://engine0", "sim://engine1"]},
     })  # fmt: skip

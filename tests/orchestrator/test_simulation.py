@@ -74,7 +74,7 @@ def test_no_trained_group_is_staler_than_k(
         admission={"max_buffered_groups": buffer_factor * batch_groups, "max_inflight_groups": inflight,
                    "submission_granularity": granularity, "unused_handler": unused,
                    "max_dropped_groups_per_step": 10_000},
-        weights={"pause_mode": pause_mode}, sink={"order": order},
+        weights={"pause_mode": pause_mode}, batch={"sink": {"order": order}},
     )  # fmt: skip
     params = SimParams(seed=seed, latency_s=latency, pareto_alpha=alpha, train_time_s=train_time,
                        error_rate=error_rate)  # fmt: skip
@@ -151,14 +151,19 @@ def test_pause_modes_drive_engines():
 
 def test_resume_loses_and_duplicates_nothing(tmp_path: Path):
     common = dict(batch_groups=4, group_size=2, max_off_policy_steps=8, admission={"unused_handler": "retry"},
-                  output_dir=tmp_path, ckpt={"interval": 3})  # fmt: skip
+                  output_dir=tmp_path)  # fmt: skip
     params = SimParams(seed=11, num_examples=40, latency_s=1.0, pareto_alpha=1.2)
-    first = run_virtual(run_simulation(config(max_steps=7, **common), params))  # ckpt at steps 2 and 5
+    ckpt = {"interval": 3}  # checkpoints at steps 2 and 5
+    first = run_virtual(run_simulation(config(max_steps=7, data={"ckpt": ckpt}, **common), params))
     trained = [(g.example_id, g.epoch) for s in range(6) for g in first.trained[s]]  # step 6 is lost
     broadcasts = InMemoryBroadcasts()
     broadcasts.latest = 6  # the trainer restarts from its step-5 checkpoint, holding weights v6
     second = run_virtual(
-        run_simulation(config(max_steps=20, resume=True, **common), params, broadcasts=broadcasts)
+        run_simulation(
+            config(max_steps=20, data={"ckpt": {**ckpt, "resume": True}}, **common),
+            params,
+            broadcasts=broadcasts,
+        )
     )
     assert sorted(second.trained) == list(range(6, 20))
     trained += [(g.example_id, g.epoch) for s in range(6, 20) for g in second.trained[s]]
@@ -242,7 +247,7 @@ def test_checkpoint_is_written_before_its_batch_can_reach_the_trainer(tmp_path: 
         await real_send(self, batch)
 
     monkeypatch.setattr(FakeTrainer, "send", send)
-    cfg = config(max_steps=6, max_off_policy_steps=1, output_dir=tmp_path, ckpt={"interval": 2})
+    cfg = config(max_steps=6, max_off_policy_steps=1, output_dir=tmp_path, data={"ckpt": {"interval": 2}})
     run_virtual(run_simulation(cfg, SimParams(seed=1)))
     # the batches of checkpoint steps 1, 3, 5 are sent only once their checkpoint exists
     assert {step: seen[step] for step in (1, 3, 5)} == {1: 1, 3: 3, 5: 5}

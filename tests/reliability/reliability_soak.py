@@ -157,7 +157,7 @@ def run_rl(
         "--trainer.ckpt.interval", str(trainer_ckpt_interval), *extra,
     ]  # fmt: skip
     if orchestrator_ckpt_interval is not None:
-        cmd += ["--orchestrator.ckpt.interval", str(orchestrator_ckpt_interval)]
+        cmd += ["--orchestrator.data.ckpt.interval", str(orchestrator_ckpt_interval)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     stop = threading.Event()
     killer = threading.Thread(target=_killer, args=(run, stop), daemon=True)

@@ -60,7 +60,8 @@ class World:
 def _cfg(out: Path, port: int, *, resume: bool) -> OrchestratorConfig:
     return OrchestratorConfig.model_validate({
         "output_dir": str(out), "max_steps": MAX_STEPS, "batch_groups": 2, "group_size": 2,
-        "max_off_policy_steps": K, "resume": resume, "admission": {"unused_handler": "retry"},
+        "max_off_policy_steps": K, "data": {"ckpt": {"resume": resume}},
+        "admission": {"unused_handler": "retry"},
         "inference": {"base_urls": ["sim://engine0"]}, "transport": {"port": port, "timeout_s": 30},
         "envs": [{"id": "reverse-text", "name": "a", "ratio": 2.0}, {"id": "reverse-text", "name": "b"}],
     })  # fmt: skip

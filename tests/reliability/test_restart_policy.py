@@ -53,8 +53,8 @@ def test_trainer_restart_resumes_when_a_checkpoint_exists(tmp_path: Path) -> Non
     (root / "step_2" / "COMPLETE").write_text("")
     (root / "step_4").mkdir()  # incomplete: never used
     assert trainer_checkpoint_step(tmp_path) == 2
-    assert restart_overrides(cfg, "trainer") == {"resume": True}
-    assert restart_overrides(cfg, "orchestrator") == {"resume": True}
+    assert restart_overrides(cfg, "trainer") == {"ckpt": {"resume": True}}
+    assert restart_overrides(cfg, "orchestrator") == {"data": {"ckpt": {"resume": True}}}
 
 
 def test_orchestrator_checkpoints_ahead_of_the_trainer_are_moved_aside(tmp_path: Path) -> None:
@@ -81,9 +81,9 @@ def test_restart_budget_is_per_component() -> None:
 
 def test_orchestrator_checkpoints_on_the_trainer_checkpoint_steps(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, trainer={"ckpt": {"interval": 5}})
-    assert cfg.orchestrator.ckpt.interval == 5
-    assert _cfg(tmp_path, trainer={"ckpt": {"interval": 6}}, orchestrator={"ckpt": {"interval": 3}})
+    assert cfg.orchestrator.data.ckpt.interval == 5
+    assert _cfg(tmp_path, trainer={"ckpt": {"interval": 6}}, orchestrator={"data": {"ckpt": {"interval": 3}}})
     with pytest.raises(
-        ValueError, match=r"orchestrator.ckpt.interval = 4 does not divide trainer.ckpt.interval"
+        ValueError, match=r"orchestrator.data.ckpt.interval = 4 does not divide trainer.ckpt.interval"
     ):
-        _cfg(tmp_path, trainer={"ckpt": {"interval": 6}}, orchestrator={"ckpt": {"interval": 4}})
+        _cfg(tmp_path, trainer={"ckpt": {"interval": 6}}, orchestrator={"data": {"ckpt": {"interval": 4}}})

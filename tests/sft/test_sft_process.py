@@ -61,7 +61,7 @@ def test_sft_resumes_exactly_and_rl_starts_from_its_output(tiny_model_dir: Path,
 
     first = _sft(config, tmp_path / "split", "--max-steps", "3")
     assert first.returncode == 0, first.stderr[-3000:]
-    second = _sft(config, tmp_path / "split", "--resume", "true")
+    second = _sft(config, tmp_path / "split", "--ckpt.resume", "true")
     assert second.returncode == 0, second.stderr[-3000:]
     resumed = {m["step"]: m["loss/total"] for m in read_jsonl(tmp_path / "split/metrics/sft.jsonl")}
     assert [resumed[s] for s in (3, 4, 5)] == pytest.approx([losses[s] for s in (3, 4, 5)], rel=1e-5)

@@ -84,10 +84,10 @@ def test_three_steps_then_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert 0.9 < lines[0]["ratio/mean"] < 1.1 and lines[0]["masked_fraction"] < 0.1
         assert lines[0]["optim/grad_norm"] > 0 and lines[0]["loss/total"] != 0
 
-        # restart with --resume: an incomplete newer checkpoint is skipped, training continues at step 3 -> v4
+        # restart with --ckpt.resume: an incomplete newer checkpoint is skipped, it goes on at step 3 -> v4
         (out / "checkpoints" / "trainer" / "step_9").mkdir()
         _feed(sender, range(3, 4), 1, tiny_model_dir)
-        wait(start_trainer(config, "--resume", "--max-steps", "4", log=log), log)
+        wait(start_trainer(config, "--ckpt.resume", "--max-steps", "4", log=log), log)
     text = log.read_text()
     assert "skipping incomplete checkpoint" in text and "next step 3" in text
     assert (out / "broadcasts" / "step_4" / "STABLE").is_file()

@@ -221,8 +221,8 @@ def test_mem_fraction_caps_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---- config: where the shared path cannot work, and each side's stated share --------------------------
 
-SHARED = ["--weights.transport", "shared", "--trainer.mem-fraction", "0.5", "--inference.engine.mem-fraction",
-          "0.4"]  # fmt: skip
+SHARED = ["--weights.transport", "shared", "--trainer.runtime.mem-fraction", "0.5",
+          "--inference.engine.mem-fraction", "0.4"]  # fmt: skip
 
 
 def rl_error(argv: list[str]) -> str:
@@ -236,21 +236,22 @@ def rl_error(argv: list[str]) -> str:
 def test_shared_needs_each_share_stated_and_their_sum_at_most_one() -> None:
     cfg = load_config(RLConfig, SHARED)
     assert cfg.trainer.weights.transport == cfg.orchestrator.weights.transport == "shared"
-    assert (cfg.trainer.mem_fraction, cfg.inference.engine.mem_fraction) == (0.5, 0.4)
+    assert (cfg.trainer.runtime.mem_fraction, cfg.inference.engine.mem_fraction) == (0.5, 0.4)
     error = rl_error(["--weights.transport", "shared"])
-    assert "trainer.mem_fraction = None" in error and "inference.engine.mem_fraction = None" in error
-    error = rl_error([*SHARED[:2], "--trainer.mem-fraction", "0.7", *SHARED[4:]])
-    assert "trainer.mem_fraction = 0.7 with inference.engine.mem_fraction = 0.4" in error and "1.1" in error
+    assert "trainer.runtime.mem_fraction = None" in error and "inference.engine.mem_fraction = None" in error
+    error = rl_error([*SHARED[:2], "--trainer.runtime.mem-fraction", "0.7", *SHARED[4:]])
+    assert "trainer.runtime.mem_fraction = 0.7 with inference.engine.mem_fraction = 0.4" in error
+    assert "1.1" in error
 
 
 def test_use_shared_weights_states_the_default_shares_and_keeps_the_users() -> None:
     cfg = use_shared_weights(load_config(RLConfig, []))
     assert cfg.trainer.weights.transport == "shared"
-    assert (cfg.trainer.mem_fraction, cfg.inference.engine.mem_fraction) == (0.5, 0.4)
-    cfg = use_shared_weights(load_config(RLConfig, ["--trainer.mem-fraction", "0.3"]))
-    assert (cfg.trainer.mem_fraction, cfg.inference.engine.mem_fraction) == (0.3, 0.4)
+    assert (cfg.trainer.runtime.mem_fraction, cfg.inference.engine.mem_fraction) == (0.5, 0.4)
+    cfg = use_shared_weights(load_config(RLConfig, ["--trainer.runtime.mem-fraction", "0.3"]))
+    assert (cfg.trainer.runtime.mem_fraction, cfg.inference.engine.mem_fraction) == (0.3, 0.4)
     with pytest.raises(ValueError, match="exceeds 1"):
-        use_shared_weights(load_config(RLConfig, ["--trainer.mem-fraction", "0.9"]))
+        use_shared_weights(load_config(RLConfig, ["--trainer.runtime.mem-fraction", "0.9"]))
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ class EngineConfig(BaseConfig):
         le=1,
         description="Share of its GPU the embedded engine may allocate: weights and the KV cache (torch's "
         "per-process memory fraction; CPU: not enforced). Required with weights.transport = 'shared' "
-        "(one device shared with the trainer): trainer.mem_fraction + this <= 1. None = no cap.",
+        "(one device shared with the trainer): trainer.runtime.mem_fraction + this <= 1. None = no cap.",
     )
     seed: int = Field(0, description="Seed of the sampler for requests without `sampling_seed`.")
     kernels: Literal["packed", "dense"] = Field(

@@ -162,15 +162,16 @@ def _check_shared_weights(cfg: RunSections) -> None:
             "/update_weights_from_tensor takes pickled tensors, which this project never sends; use "
             "the embedded engine (backend = 'torch'), or weights.transport = 'filesystem' with SGLang"
         )
-    trainer, engine = cfg.trainer.mem_fraction, cfg.inference.engine.mem_fraction
+    trainer, engine = cfg.trainer.runtime.mem_fraction, cfg.inference.engine.mem_fraction
     if trainer is None or engine is None:
         raise ValueError(
-            f"weights.transport = 'shared' with trainer.mem_fraction = {trainer} and "
+            f"weights.transport = 'shared' with trainer.runtime.mem_fraction = {trainer} and "
             f"inference.engine.mem_fraction = {engine}: trainer and engine share one device, state each "
             f"share (e.g. {SHARED_TRAINER_FRACTION} and {SHARED_ENGINE_FRACTION})"
         )
     if trainer + engine > 1:
         raise ValueError(
-            f"trainer.mem_fraction = {trainer} with inference.engine.mem_fraction = {engine}: they share one "
-            f"device (weights.transport = 'shared') and their sum {trainer + engine:g} exceeds 1; lower them"
+            f"trainer.runtime.mem_fraction = {trainer} with inference.engine.mem_fraction = {engine}: they "
+            f"share one device (weights.transport = 'shared') and their sum {trainer + engine:g} exceeds 1; "
+            "lower them"
         )

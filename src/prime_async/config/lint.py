@@ -113,7 +113,7 @@ def max_tokens_near_seq_len(cfg: OrchestratorConfig) -> Finding | None:
         "lint/max-tokens-near-seq-len",
         f"{key} = {tokens} with seq_len = {cfg.seq_len} leaves {max(margin, 0)} tokens for the prompt (and "
         "earlier turns): longer prompts clamp the reply, so long completions end overlong (truncated or "
-        f"dropped per sink.overlong = {cfg.sink.overlong!r})",
+        f"dropped per batch.sink.overlong = {cfg.batch.sink.overlong!r})",
         f"raise seq_len to at least max_tokens + the longest prompt, or lower max_tokens (<= "
         f"{int(MAX_TOKENS_SHARE * cfg.seq_len)} keeps a quarter of seq_len for the prompt)",
     )
@@ -127,8 +127,8 @@ def group_size_one(cfg: OrchestratorConfig) -> Finding | None:
     cost = (
         "group_size = 1: the group-relative advantage (reward - group mean) is always 0: no learning signal"
     )
-    if cfg.sink.reject_equal_reward:
-        cost += ", and sink.reject_equal_reward drops every group"
+    if cfg.batch.sink.reject_equal_reward:
+        cost += ", and batch.sink.reject_equal_reward drops every group"
     return Finding("lint/group-size-one", cost, "set group_size >= 2 (4-16 is usual)")
 
 

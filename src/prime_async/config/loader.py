@@ -309,12 +309,24 @@ def _paths(cls: type[BaseModel], prefix: str = "") -> Iterator[str]:
             yield from _paths(sub, f"{prefix}{name}.")
 
 
+def _hint(paths: list[str], bad: list[str]) -> str | None:
+    """The key a misplaced `bad` most likely means: the same leaf as a key `rl` copies into the section it
+    was given in, else inside that section (a key moved into a sub-section), else anywhere (shortest);
+    else the closest path."""
+    leaf = bad[-1].replace("-", "_")
+    same = sorted((p for p in paths if p.rsplit(".", 1)[-1] == leaf), key=len)
+    section = "".join(f"{s}." for s in bad[:-1])
+    inside = [p[len(section) :] for p in same if section and p.startswith(section)]
+    shared = [p for p in (leaf, *inside) if p in paths]  # e.g. `weights.pause_mode` for the orchestrator's
+    if shared or inside or same:
+        return shared[0] if shared else section + inside[0] if inside else same[0]
+    close = difflib.get_close_matches(".".join(s.replace("-", "_") for s in bad), paths, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _unknown(cls: type[BaseModel], bad: list[str]) -> str:
     """`unknown key 'a.b' (did you mean 'x.b'?)`: the same leaf elsewhere first, then the closest path."""
-    paths = list(dict.fromkeys(_paths(cls)))
-    same_leaf = [p for p in paths if p.rsplit(".", 1)[-1] == bad[-1].replace("-", "_")]
-    close = difflib.get_close_matches(".".join(s.replace("-", "_") for s in bad), paths, n=1, cutoff=0.6)
-    hint = min(same_leaf, key=len) if same_leaf else close[0] if close else None
+    hint = _hint(list(dict.fromkeys(_paths(cls))), bad)
     return f"unknown key '{'.'.join(bad)}'" + (f" (did you mean '{hint}'?)" if hint else "")
 
 

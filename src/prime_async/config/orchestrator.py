@@ -2,9 +2,11 @@
 
 Sections: the run-wide keys `rl` shares (model, seq_len, max_steps, output_dir, ...), the batch knobs
 (`batch_groups`, `group_size`, `max_off_policy_steps` = K), and one section per concern: `envs`,
-`sampling`, `inference`, `admission` (groups issued and held), `sink`, `advantage`, `packing` (batch
-layout), `weights`, `ckpt`, `eval`, `teacher`. A key that moved into a section is refused with one line
-naming its new key (`MOVED_KEYS`).
+`sampling`, `inference` (the engines, and what they must serve: run id, LoRA adapters, routed experts),
+`admission` (groups issued and held), `batch` (finished groups into the trainer's batch: `sink`,
+`advantage`, `packing`), `data` (the prompt order and its checkpoints: `seed`, `shuffle`, `ckpt`),
+`weights`, `eval`, `teacher`. At most 20 keys per class. A key that moved into a section is refused with
+one line naming its new key (`MOVED_KEYS`).
 
 Invariants checked at validation time, each by the small validator next to the section it checks (each
 error names the TOML key and the fix):
@@ -16,7 +18,7 @@ error names the TOML key and the fix):
 - `OrchestratorEvalConfig`: unique `eval.envs` names; `eval.placement = "shared"` takes no
   `eval.base_urls`, `dedicated` and `external` need them;
 - `check_weights`: eval while training needs the filesystem transport; `shared` needs loopback hosts;
-- `check_deterministic`: `weights.update_interval = 1`, no `sink.import_path`, one env, no retry.
+- `check_deterministic`: `weights.update_interval = 1`, no `batch.sink.import_path`, one env, no retry.
 Rules across components live in `interactions.py` (called by `rl`).
 Derived defaults (`resolved_*` properties) follow DESIGN.md; this module never imports torch.
 """
@@ -31,6 +33,7 @@ from pydantic import Field, model_validator
 
 from prime_async.config.base import BaseConfig
 from prime_async.config.env import EnvConfig, EvalEnvConfig, SamplingOverrides, check_unique_names
+from prime_async.config.moved import refuse_moved
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
     RUN_ID_DESCRIPTION,
@@ -50,7 +53,11 @@ MOVED_KEYS = {  # old key -> its key now: each gives a one-line error naming the
         "max_inflight_groups", "max_buffered_groups", "submission_granularity", "unused_handler",
         "max_dropped_groups_per_step", "fail_fast_groups",
     )},
-    **{key: f"packing.{key}" for key in ("num_train_ranks", "share_prompt_prefix")},
+    **{key: f"batch.packing.{key}" for key in ("num_train_ranks", "share_prompt_prefix")},
+    **{key: f"batch.{key}" for key in ("sink", "advantage", "packing")},
+    **{key: f"data.{key}" for key in ("seed", "shuffle", "ckpt")},
+    "resume": "data.ckpt.resume",
+    **{key: f"inference.{key}" for key in ("run_id", "lora", "router_replay")},
 }  # fmt: skip
 
 
@@ -91,7 +98,10 @@ def _check_shared_hosts(cfg: OrchestratorConfig) -> None:
 
 
 class InferenceClientConfig(BaseConfig):
-    """Which inference engines the orchestrator talks to (SGLang native HTTP API)."""
+    """`[orchestrator.inference]`: which inference engines the orchestrator talks to (SGLang native HTTP
+    API), and what it expects of them: the run they belong to (`run_id`), the LoRA adapters they load
+    (`lora`), the routed experts they return (`router_replay`). Under `rl` every key here is set by `rl`
+    (the engines it starts, and its `run_id`, `lora`, `router_replay`)."""
 
     base_urls: list[str] = Field(
         default_factory=lambda: ["http://127.0.0.1:30000"],
@@ -103,6 +113,18 @@ class InferenceClientConfig(BaseConfig):
         32, ge=1, description="Requests one engine runs at once; used for the derived `max_inflight_groups`."
     )
     timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of one engine request.")
+    run_id: str | None = Field(None, description=RUN_ID_DESCRIPTION)
+    lora: LoraConfig | None = Field(
+        None,
+        description="The run trains LoRA adapters: each update loads broadcast `step_N` with "
+        "`/load_lora_adapter` as `v<N>` and every request names the adapter of the version it runs at "
+        "(`lora_path`). None = full-weight updates (`/update_weights_from_disk`). Set by `rl` (`lora`).",
+    )
+    router_replay: bool = Field(
+        False,
+        description="MoE routing replay (R3): every model call asks the engine for the experts each token "
+        "was routed to; episodes and batches carry them to the trainer. Set by `rl` (`router_replay`).",
+    )
 
 
 class SinkConfig(BaseConfig):
@@ -198,7 +220,7 @@ def check_admission(cfg: OrchestratorConfig) -> None:
 
 
 class PackingConfig(BaseConfig):
-    """`[orchestrator.packing]`: how a batch is laid out for the trainer (`orchestrator/batching.py`)."""
+    """`[orchestrator.batch.packing]`: how a batch is laid out for the trainer (orchestrator/batching.py)."""
 
     num_train_ranks: int = Field(
         1,
@@ -219,6 +241,16 @@ class AdvantageConfig(BaseConfig):
 
     std_normalize: bool = Field(False, description="Divide by the group's reward std (GRPO-style).")
     eps: float = Field(1e-6, gt=0, description="Added to the std before dividing.")
+
+
+class BatchConfig(BaseConfig):
+    """`[orchestrator.batch]`: how finished groups become the trainer's batch: which are kept and in what
+    order (`sink`), their advantages (`advantage`), the layout (`packing`). The batch's size and
+    staleness stay top-level (`batch_groups`, `group_size`, `max_off_policy_steps`)."""
+
+    sink: SinkConfig = Field(default_factory=SinkConfig, description="Train sink.")
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages.")
+    packing: PackingConfig = Field(default_factory=PackingConfig, description="Batch layout for the trainer.")
 
 
 class SamplingConfig(BaseConfig):
@@ -349,21 +381,33 @@ class OrchestratorCkptConfig(BaseConfig):
     interval: int | None = Field(
         None, ge=1, description="Save every this many steps (None = never). Match the trainer's interval."
     )
+    resume: bool = Field(
+        False, description="Resume from the latest checkpoint under output_dir/checkpoints (rl: on restart)."
+    )
+
+
+class DataConfig(BaseConfig):
+    """`[orchestrator.data]`: the prompt stream: the order examples are drawn in (`seed`, `shuffle`) and
+    its checkpoints (`ckpt`: each env's data position and the prompts issued but not yet trained)."""
+
+    seed: int = Field(0, description="Seed of the data order (and, when deterministic, of sampling).")
+    shuffle: bool = Field(True, description="Shuffle the examples every epoch (seeded).")
+    ckpt: OrchestratorCkptConfig = Field(default_factory=OrchestratorCkptConfig, description="Checkpoints.")
 
 
 def check_deterministic(cfg: OrchestratorConfig) -> None:
     """`deterministic = true` fixes what timing would decide: every version loaded in turn, the default
-    sink, one env, no retried prompts (a retried prompt or a handed-back mix slot goes to whichever slot
+    batch.sink, one env, no retried prompts (a retried prompt or a handed-back mix slot goes to whichever slot
     comes next)."""
     if cfg.weights.update_interval != 1:
         raise ValueError(
             f"deterministic = true loads every version in turn: weights.update_interval must be 1 "
             f"(got {cfg.weights.update_interval})"
         )
-    if cfg.sink.import_path is not None:
+    if cfg.batch.sink.import_path is not None:
         raise ValueError(
-            f"deterministic = true composes batches by its own schedule: remove sink.import_path "
-            f"({cfg.sink.import_path!r})"
+            f"deterministic = true composes batches by its own schedule: remove batch.sink.import_path "
+            f"({cfg.batch.sink.import_path!r})"
         )
     if len(cfg.envs) > 1:
         raise ValueError(
@@ -421,35 +465,23 @@ class OrchestratorConfig(BaseConfig):
     admission: AdmissionConfig = Field(
         default_factory=AdmissionConfig, description="Groups issued and held, unused ones, drop limits."
     )
-    sink: SinkConfig = Field(default_factory=SinkConfig, description="Train sink.")
-    packing: PackingConfig = Field(default_factory=PackingConfig, description="Batch layout for the trainer.")
-    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages.")
+    batch: BatchConfig = Field(
+        default_factory=BatchConfig, description="Finished groups into the batch: sink, advantage, packing."
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
-    seed: int = Field(0, description="Seed of the data order (and, when deterministic, of sampling).")
-    router_replay: bool = Field(
-        False,
-        description="MoE routing replay (R3): every model call asks the engine for the experts each token "
-        "was routed to; episodes and batches carry them to the trainer. Set by `rl` (`router_replay`).",
+    data: DataConfig = Field(
+        default_factory=DataConfig, description="Prompt order (seed, shuffle) and its checkpoints (ckpt)."
     )
     deterministic: bool = Field(
         False,
         description="Bit-reproducible run: fixed dispatch schedule (the groups of batch n are dispatched "
         "when version max(0, n - K) is served, in order), batches composed by dispatch order, per-episode "
-        "sampling seeds from `seed` and the example, versions loaded one by one with `drain` "
-        "(weights.pause_mode and sink.order are ignored). Costs throughput; `rl` sets it on every component.",
+        "sampling seeds from `data.seed` and the example, versions loaded one by one with `drain` "
+        "(weights.pause_mode and batch.sink.order are ignored). Costs throughput; `rl` sets it on every "
+        "component.",
     )
-    run_id: str | None = Field(None, description=RUN_ID_DESCRIPTION)
-    shuffle: bool = Field(True, description="Shuffle the examples every epoch (seeded).")
-    resume: bool = Field(False, description="Resume from the latest checkpoint under output_dir/checkpoints.")
-    ckpt: OrchestratorCkptConfig = Field(default_factory=OrchestratorCkptConfig, description="Checkpoints.")
     teacher: TeacherConfig | None = Field(
         None, description="On-policy distillation from a teacher model (None = off)."
-    )
-    lora: LoraConfig | None = Field(
-        None,
-        description="The run trains LoRA adapters: each update loads broadcast `step_N` with "
-        "`/load_lora_adapter` as `v<N>` and every request names the adapter of the version it runs at "
-        "(`lora_path`). None = full-weight updates (`/update_weights_from_disk`).",
     )
 
     @property
@@ -475,13 +507,7 @@ class OrchestratorConfig(BaseConfig):
     @classmethod
     def _refuse_moved_keys(cls, data: Any) -> Any:
         """A key that moved into a section: one line naming its new key (`MOVED_KEYS`)."""
-        moved = {key: new for key, new in MOVED_KEYS.items() if isinstance(data, dict) and key in data}
-        if moved:
-            raise ValueError(
-                "; ".join(f"{key} moved to {new}" for key, new in moved.items())
-                + " (the orchestrator's settings are grouped in sections, docs/configuration.md)"
-            )
-        return data
+        return refuse_moved(data, MOVED_KEYS, "orchestrator")
 
     @model_validator(mode="after")
     def _check_envs(self) -> OrchestratorConfig:

@@ -120,7 +120,8 @@ def use_shared_weights(cfg: RunSections) -> RunSections:
     result is refused (e.g. SGLang, LoRA, the shares' sum above 1)."""
     data = cfg.given_values()
     data.setdefault("weights", {})["transport"] = "shared"
-    data.setdefault("trainer", {}).setdefault("mem_fraction", SHARED_TRAINER_FRACTION)
+    runtime = data.setdefault("trainer", {}).setdefault("runtime", {})
+    runtime.setdefault("mem_fraction", SHARED_TRAINER_FRACTION)
     engine = data.setdefault("inference", {}).setdefault("engine", {})
     engine.setdefault("mem_fraction", SHARED_ENGINE_FRACTION)
     return type(cfg).model_validate(data)

@@ -95,7 +95,7 @@ class TransportConfig(BaseConfig):
         4,
         ge=1,
         description="Batches the orchestrator keeps after every rank consumed them, so a trainer restarted "
-        "by hand with --resume can fetch them again (set >= trainer ckpt.interval then). Under `rl` a "
+        "by hand with --ckpt.resume can fetch them again (set >= trainer ckpt.interval then). Under `rl` a "
         "restart rolls trainer and orchestrator back together and needs none.",
     )
     curve: Literal["auto", "on"] = Field(

@@ -1,5 +1,10 @@
 """Schema of `uv run trainer @ trainer.toml` (`TrainerConfig`). No torch import here.
 
+Sections besides the run-wide keys `rl` shares: `optim`, `loss`, `ckpt` (checkpoints and `resume`),
+`health`, `weights`, `runtime` (how the process runs on its device: seed, threads, compile, activation
+checkpointing, memory share), `megatron`. At most 20 keys per class; a key that moved into a section is
+refused with one line naming its new key (`MOVED_KEYS`).
+
 Invariants: every field is documented and bounded; the loss is a discriminated union on `type`;
 cross-field checks name the TOML key and the fix. Every built-in loss config states its trust region as a
 log-ratio radius (`trust_region_radius`), which the off-policy warning (`offpolicy_warning`) compares with
@@ -18,6 +23,7 @@ from pydantic import Field, model_validator
 from prime_async.config.base import BaseConfig
 from prime_async.config.health import HealthConfig
 from prime_async.config.megatron import MegatronConfig, refuse_vision_language, validate_megatron_setup
+from prime_async.config.moved import refuse_moved
 from prime_async.config.shared import (
     DEFAULT_OUTPUT_DIR,
     LogConfig,
@@ -34,6 +40,14 @@ logger = logging.getLogger(__name__)
 # (k3) of ~1e-3 per version, typical of async runs at RL learning rates, is an RMS |log rho| of about
 # sqrt(2 * 1e-3) ~ 0.045.
 DRIFT_PER_STEP = 0.05
+
+MOVED_KEYS = {  # old key -> its key now: each gives a one-line error naming the new key
+    **{
+        key: f"runtime.{key}"
+        for key in ("activation_checkpointing", "compile", "threads", "mem_fraction", "seed")
+    },
+    "resume": "ckpt.resume",
+}
 
 
 def _band_radius(low_ratio: float, high_ratio: float) -> float:
@@ -214,14 +228,47 @@ def offpolicy_warning(cfg: TrainerConfig) -> str | None:
 
 
 class CkptConfig(BaseConfig):
-    """Full training-state checkpoints (model, optimizer, scheduler, step, RNG) for `--resume`."""
+    """Full training-state checkpoints (model, optimizer, scheduler, step, RNG) for `ckpt.resume`."""
 
     interval: int | None = Field(
         None,
         ge=1,
-        description="Checkpoint every this many steps (None = never; `--resume` then has nothing).",
+        description="Checkpoint every this many steps (None = never; `resume` then has nothing).",
     )
     keep: int | None = Field(2, ge=1, description="Keep this many newest checkpoints (None = all).")
+    resume: bool = Field(
+        False, description="Continue from the latest complete checkpoint under output_dir (rl: on restart)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CkptConfig:
+        if self.resume and self.interval is None:
+            raise ValueError("ckpt.resume = true needs checkpoints: set ckpt.interval")
+        return self
+
+
+class RuntimeConfig(BaseConfig):
+    """`[trainer.runtime]`: how the trainer process runs on its device: the torch RNG seed, intra-op
+    threads, torch.compile, activation checkpointing, and its share of the GPU's memory."""
+
+    seed: int = Field(0, description="Seed of torch RNG (dropout-free models are deterministic anyway).")
+    threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads (None = 1 on CPU, torch default on GPU)."
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer (on CPU, SmolLM2: ~30 s of compilation for ~5% faster "
+        "steps, so off by default).",
+    )
+    activation_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+    mem_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of its GPU each trainer rank may allocate (torch's per-process memory "
+        "fraction; CPU: not enforced). Required with weights.transport = 'shared' (one device shared with "
+        "the engine): trainer.runtime.mem_fraction + inference.engine.mem_fraction <= 1. None = no cap.",
+    )
 
 
 DEFAULT_KEEP_LAST = 3
@@ -274,31 +321,16 @@ class TrainerConfig(BaseConfig):
         default_factory=TrainerWeightsConfig,
         description="Weight updates (the [weights] section) and publishing.",
     )
-    activation_checkpointing: bool = Field(False, description="Recompute activations in backward.")
-    compile: bool = Field(
-        False,
-        description="torch.compile each decoder layer (on CPU, SmolLM2: ~30 s of compilation for ~5% faster "
-        "steps, so off by default).",
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig,
+        description="Seed, threads, compile, activation checkpointing, GPU memory share.",
     )
-    threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads (None = 1 on CPU, torch default on GPU)."
-    )
-    mem_fraction: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="Share of its GPU each trainer rank may allocate (torch's per-process memory "
-        "fraction; CPU: not enforced). Required with weights.transport = 'shared' (one device shared with "
-        "the engine): trainer.mem_fraction + inference.engine.mem_fraction <= 1. None = no cap.",
-    )
-    seed: int = Field(0, description="Seed of torch RNG (dropout-free models are deterministic anyway).")
     deterministic: bool = Field(
         False,
-        description="torch.use_deterministic_algorithms(True), fixed intra-op threads (`threads`, 1 on "
-        "CPU), cuDNN benchmark off and CUBLAS_WORKSPACE_CONFIG set on GPU. Set by `rl` from its "
+        description="torch.use_deterministic_algorithms(True), fixed intra-op threads (`runtime.threads`, 1 "
+        "on CPU), cuDNN benchmark off and CUBLAS_WORKSPACE_CONFIG set on GPU. Set by `rl` from its "
         "`deterministic`.",
     )
-    resume: bool = Field(False, description="Continue from the latest complete checkpoint under output_dir.")
     router_replay: bool = Field(
         False,
         description="MoE routing replay (R3): the MoE layers route each token to the experts the engine "
@@ -318,11 +350,11 @@ class TrainerConfig(BaseConfig):
         "of the optimizer; broadcasts and checkpoints hold only the adapter (None = full weights).",
     )
 
-    @model_validator(mode="after")
-    def _check(self) -> TrainerConfig:
-        if self.resume and self.ckpt.interval is None:
-            raise ValueError("resume=true needs checkpoints: set ckpt.interval")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_keys(cls, data: Any) -> Any:
+        """A key that moved into a section: one line naming its new key (`MOVED_KEYS`)."""
+        return refuse_moved(data, MOVED_KEYS, "trainer")
 
     @model_validator(mode="after")
     def _check_megatron(self) -> TrainerConfig:

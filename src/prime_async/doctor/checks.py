@@ -196,8 +196,8 @@ def episode_fits(probes: list[Probe], *, seq_len: int, max_tokens: int | None) -
         name, False, f"{len(over)} of {sum(len(p.episodes) for p in probes)} episodes outgrew seq_len "
         f"{seq_len}; first: example {probe.example_id}: {where}; {detail}",
         f"raise seq_len{need} (every turn's prompt holds the whole conversation so far, plus its reply), "
-        "lower sampling.max_tokens or end episodes sooner; meanwhile orchestrator.sink.overlong decides "
-        "(truncate: trained up to the turn that did not fit; drop)",
+        "lower sampling.max_tokens or end episodes sooner; meanwhile orchestrator.batch.sink.overlong "
+        "decides (truncate: trained up to the turn that did not fit; drop)",
     )  # fmt: skip
 
 

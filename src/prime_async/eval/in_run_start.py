@@ -45,7 +45,7 @@ async def start_in_run_eval(
     from prime_async.inference.client import engine_clients
 
     eval_engines: list[EngineClient] = engines
-    lora = cfg.lora is not None and ecfg.placement == "dedicated"  # our engines: adapters of this run
+    lora = cfg.inference.lora is not None and ecfg.placement == "dedicated"  # ours: this run's adapters
     if ecfg.placement != "shared":
         eval_engines = engine_clients(ecfg.base_urls, ecfg.api_key, lora=lora)
         for engine in eval_engines:
@@ -54,7 +54,7 @@ async def start_in_run_eval(
         if ecfg.placement == "dedicated":
             await check_engines_belong_to_run(
                 eval_engines,
-                cfg.run_id,
+                cfg.inference.run_id,
                 model_path=str(cfg.model.path),
                 broadcasts=cfg.output_dir / "broadcasts",
             )

@@ -51,8 +51,8 @@ def place_run(cfg: RLConfig, num_devices: int | None = None) -> tuple[RLConfig, 
         cfg = shared
         logger.info(
             "trainer and engine share device %s: weights.transport = %r (left unset), device shares "
-            "trainer.mem_fraction = %s, inference.engine.mem_fraction = %s",
-            placement.devices["trainer"][0], cfg.weights.transport, cfg.trainer.mem_fraction,
+            "trainer.runtime.mem_fraction = %s, inference.engine.mem_fraction = %s",
+            placement.devices["trainer"][0], cfg.weights.transport, cfg.trainer.runtime.mem_fraction,
             cfg.inference.engine.mem_fraction,
         )  # fmt: skip
     shared = [f"{o.first} and {o.second} share {list(o.devices)}" for o in find_overlaps(placement.devices)]

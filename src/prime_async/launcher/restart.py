@@ -8,9 +8,9 @@
            holds scoring meanwhile (`rollouts/teacher.py`, up to teacher.outage_timeout_s)
     orchestrator stopped as planned (exit 143 after a planned-stop checkpoint, `weights.transport =
     "filesystem"`)
-        -> it alone restarts with resume = true: its checkpoint is the newest batch the trainer fetched,
-           with the work in flight carried over; the trainer waits for the next batch, the engines keep
-           their weights (no rollback, nothing generated or trained is lost)
+        -> it alone restarts with data.ckpt.resume = true: its checkpoint is the newest batch the
+           trainer fetched, with the work in flight carried over; the trainer waits for the next batch,
+           the engines keep their weights (no rollback, nothing generated or trained is lost)
     trainer or orchestrator dies (non-zero, any other way)
         -> the run ROLLS BACK to the trainer's newest complete checkpoint c (0 without one):
            1. the other of the two is stopped too;
@@ -19,7 +19,8 @@
            3. broadcasts of versions > c are discarded (they belong to the abandoned history);
            4. every engine loads version c (`broadcasts/step_c`, or the initial model for c = 0),
               labelled c, with its cache flushed and requests aborted;
-           5. trainer and orchestrator restart with resume = true (when they have a checkpoint).
+           5. trainer and orchestrator restart with ckpt.resume / data.ckpt.resume = true (when they
+              have a checkpoint).
 
 Why both: after a trainer death the orchestrator has produced batches and loaded weights the restarted
 trainer will make again, slightly differently; keeping them would train on weights of a history that no
@@ -78,9 +79,10 @@ def restart_overrides(cfg: RLConfig, name: str) -> dict[str, Any]:
     if name == "teacher_inference":
         return {}
     if name == "trainer":
-        return {"resume": True} if trainer_checkpoint_step(Path(cfg.output_dir)) is not None else {}
+        resume = {"ckpt": {"resume": True}}
+        return resume if trainer_checkpoint_step(Path(cfg.output_dir)) is not None else {}
     if name == "orchestrator":
-        return {"resume": True}
+        return {"data": {"ckpt": {"resume": True}}}
     raise ValueError(f"{name} is not restartable")
 
 

@@ -93,14 +93,15 @@ def build_env_mix(cfg: OrchestratorConfig, sources: Mapping[str, RolloutSource])
     envs = []
     for env_cfg in cfg.envs:
         source = sources[env_cfg.label]
-        data = DataSource(num_examples=source.num_examples, seed=cfg.seed, shuffle=cfg.shuffle)
+        data = DataSource(num_examples=source.num_examples, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         sampling = merged_sampling(cfg.sampling, env_cfg.sampling)
         envs.append(MixEnv(env_cfg.label, source, data, sampling, ratio=env_cfg.ratio))
     return EnvMix(envs)
 
 
 def build_components(cfg: OrchestratorConfig, inputs: ComponentInputs) -> Components:
-    """Build every component from `cfg`; restore the data positions and the mix when `cfg.resume`."""
+    """Build every component from `cfg`; restore the data positions and the mix when resuming
+    (`cfg.data.ckpt.resume`)."""
     source = inputs.source
     if not isinstance(source, Mapping):
         source = {env.label: source for env in cfg.envs}
@@ -121,7 +122,7 @@ def build_components(cfg: OrchestratorConfig, inputs: ComponentInputs) -> Compon
         schedule=schedule,
     )
     sink = build_train_sink(
-        cfg=cfg.sink,
+        cfg=cfg.batch.sink,
         schedule=schedule,
         batch_groups=cfg.batch_groups,
         max_off_policy_steps=cfg.max_off_policy_steps,
@@ -178,14 +179,14 @@ def _schedule(cfg: OrchestratorConfig, start_step: int) -> DeterministicSchedule
         batch_groups=cfg.batch_groups,
         max_off_policy_steps=cfg.max_off_policy_steps,
         max_steps=cfg.max_steps,
-        seed=cfg.seed,
+        seed=cfg.data.seed,
         start_step=start_step,
     )
 
 
 def _restore(cfg: OrchestratorConfig, envs: EnvMix) -> tuple[int, dict[str, Any]]:
     """The first step and the checkpoint resumed from ({} when none)."""
-    if not cfg.resume:
+    if not cfg.data.ckpt.resume:
         return 0, {}
     state = latest_checkpoint(cfg.output_dir)
     if state is None:

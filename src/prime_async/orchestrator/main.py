@@ -111,7 +111,7 @@ def _open(cfg: OrchestratorConfig) -> LifetimeIO:
 
     inf = cfg.inference
     engines = engine_clients(
-        inf.base_urls, inf.api_key, lora=cfg.lora is not None, routed_experts=cfg.router_replay
+        inf.base_urls, inf.api_key, lora=inf.lora is not None, routed_experts=inf.router_replay
     )
     signal, gate = UpdateSignal(), RequestGate()
     probe = _weight_probe(cfg, engines)
@@ -121,7 +121,7 @@ def _open(cfg: OrchestratorConfig) -> LifetimeIO:
     )
     config = cfg.model_dump(mode="json")
     monitor = Monitor(output_dir=cfg.output_dir, name="orchestrator", wandb_cfg=cfg.wandb, config=config)
-    sender = BatchSender(cfg=cfg.transport, num_ranks=cfg.packing.num_train_ranks)
+    sender = BatchSender(cfg=cfg.transport, num_ranks=cfg.batch.packing.num_train_ranks)
     stalls = StallWatch(
         component="orchestrator", output_dir=cfg.output_dir, stall_after_s=cfg.log.stall_after_s
     ).start()
@@ -134,7 +134,7 @@ def _weight_probe(cfg: OrchestratorConfig, engines: list[EngineClient]) -> Weigh
     from prime_async.inference.client import HttpEngineClient
 
     scorers = [e for e in engines if isinstance(e, HttpEngineClient)]
-    if not cfg.weights.probe.enabled or cfg.lora is not None or len(scorers) != len(engines):
+    if not cfg.weights.probe.enabled or cfg.inference.lora is not None or len(scorers) != len(engines):
         return None
     return WeightProbe(cfg.weights.probe, engines)  # type: ignore[arg-type]  # the live list (engine_pool.py)
 
@@ -169,8 +169,9 @@ async def _start(cfg: OrchestratorConfig, io: LifetimeIO, stack: contextlib.Asyn
     with io.stalls.waiting("the engines to answer /health", peer="the inference engines"):
         await wait_for_engines(io.engines, timeout_s=cfg.inference.timeout_s)
     await check_engines_belong_to_run(
-        io.engines, cfg.run_id, model_path=str(cfg.model.path), broadcasts=cfg.output_dir / "broadcasts"
-    )
+        io.engines, cfg.inference.run_id, model_path=str(cfg.model.path),
+        broadcasts=cfg.output_dir / "broadcasts",
+    )  # fmt: skip
     teacher = await _start_teacher(cfg, stack, io.stalls)
     episode_log = EpisodeLog(cfg.output_dir)
     stack.callback(episode_log.close)

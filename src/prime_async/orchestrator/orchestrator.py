@@ -154,10 +154,10 @@ async def _produce(
             groups,
             step=step,
             seq_len=cfg.seq_len,
-            num_ranks=cfg.packing.num_train_ranks,
+            num_ranks=cfg.batch.packing.num_train_ranks,
             temperature=cfg.sampling.temperature,
-            advantage_cfg=cfg.advantage,
-            share_prefix=cfg.packing.share_prompt_prefix,
+            advantage_cfg=cfg.batch.advantage,
+            share_prefix=cfg.batch.packing.share_prompt_prefix,
             teacher=cfg.teacher,
         )
         batch.metrics["batch/lifetime_start"] = float(comps.start_step)  # whose batch the trainer trains
@@ -170,7 +170,7 @@ async def _produce(
         # a trainer checkpoint of step + 1 without the orchestrator's of `step` (the rollback would
         # resume the orchestrator behind engines serving step + 1, and die again, until the restart
         # budget is gone). The state is final here: the cut moved the batch's groups to trained.
-        if cfg.ckpt.interval is not None and (step + 1) % cfg.ckpt.interval == 0:
+        if cfg.data.ckpt.interval is not None and (step + 1) % cfg.data.ckpt.interval == 0:
             save_checkpoint(cfg.output_dir, step, checkpoint_state(comps))
         time_cut = clock() - last - wait_data
         with waiting(stalls, f"batch {step} to be fetched", peer="the trainer"):

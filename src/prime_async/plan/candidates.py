@@ -99,15 +99,13 @@ def candidate_grid(cfg: OrchestratorConfig, ks: tuple[int, ...] = (0, 1, 2, 4)) 
 def simulation_config(cfg: OrchestratorConfig, cand: Candidate, output_dir: str) -> OrchestratorConfig:
     """`cfg` with the candidate's knobs, no checkpoints, eval, teacher or resume (only scheduling counts)."""
     data: dict[str, Any] = cfg.model_dump()
-    data.update(
-        output_dir=output_dir, max_steps=SIM_STEPS, max_off_policy_steps=cand.k, resume=False, teacher=None
-    )
+    data.update(output_dir=output_dir, max_steps=SIM_STEPS, max_off_policy_steps=cand.k, teacher=None)
     data["admission"] = {
         **data["admission"], "max_inflight_groups": cand.max_inflight_groups,
         "max_buffered_groups": cand.max_buffered_groups, "max_dropped_groups_per_step": 10_000,
         "fail_fast_groups": 0,
     }  # fmt: skip
-    data["ckpt"] = {**data["ckpt"], "interval": None}
+    data["data"] = {**data["data"], "ckpt": {"interval": None, "resume": False}}
     data["eval"] = {}
     data["inference"] = {**data["inference"], "base_urls": [f"sim://engine{i}" for i in range(cand.engines)]}
     return OrchestratorConfig.model_validate(data)

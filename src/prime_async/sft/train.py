@@ -39,8 +39,9 @@ class SFTTrainer(Trainer):
     health_alarms = False  # SFT lowers entropy by design and has no reward: no `health/*`
 
     def __init__(self, *, cfg: SFTConfig):
-        if cfg.threads is None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-            cfg = cfg.model_copy(update={"threads": os.cpu_count()})  # alone on the machine: every core
+        if cfg.runtime.threads is None and int(os.environ.get("WORLD_SIZE", "1")) == 1:  # alone: every core
+            runtime = cfg.runtime.model_copy(update={"threads": os.cpu_count()})
+            cfg = cfg.model_copy(update={"runtime": runtime})
         self.sft_cfg = cfg
         super().__init__(cfg=cfg)
         self.backend.loss_fn = nll_loss

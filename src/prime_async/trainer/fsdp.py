@@ -283,7 +283,10 @@ class FsdpBackend:
 
             mesh = init_device_mesh(device.type, (world_size,))
         self.model = parallelize(
-            model, activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile, dp_mesh=mesh
+            model,
+            activation_checkpointing=cfg.runtime.activation_checkpointing,
+            compile=cfg.runtime.compile,
+            dp_mesh=mesh,
         )
         self.optimizer = build_optimizer(cfg.optim, self.model)
         self.scheduler = build_scheduler(cfg.optim, self.optimizer, cfg.max_steps)

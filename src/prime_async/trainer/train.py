@@ -128,11 +128,13 @@ class Trainer:
     def __init__(self, *, cfg: TrainerConfig):
         self.cfg = cfg
         self.rank, self.world_size, self.device = setup_distributed()
-        apply_mem_fraction(cfg.mem_fraction, self.device, who="trainer")
+        apply_mem_fraction(cfg.runtime.mem_fraction, self.device, who="trainer")
         if cfg.deterministic:
             set_deterministic(self.device)
-        torch.set_num_threads(cfg.threads or (1 if self.device.type == "cpu" else torch.get_num_threads()))
-        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(
+            cfg.runtime.threads or (1 if self.device.type == "cpu" else torch.get_num_threads())
+        )
+        torch.manual_seed(cfg.runtime.seed)
         self.backend = build_backend(cfg, self.device, self.world_size)
         self._probe: ProbeBuilder | None = None  # the weight probe, built at the first publish
         self.step = self._maybe_resume()
@@ -161,7 +163,7 @@ class Trainer:
             log_step(logger, step, metrics)
 
     def _maybe_resume(self) -> int:
-        if not self.cfg.resume:
+        if not self.cfg.ckpt.resume:
             return 0
         path = latest_checkpoint(self.cfg.output_dir)
         if path is None:

@@ -48,7 +48,7 @@ def broadcast_loader(broadcasts: Broadcasts, *, lora: bool) -> WeightLoader:
 
 
 def _filesystem(cfg: OrchestratorConfig, control: ControlServer, keep: int) -> WeightLoader:
-    return broadcast_loader(BroadcastDir(cfg.output_dir / "broadcasts"), lora=cfg.lora is not None)
+    return broadcast_loader(BroadcastDir(cfg.output_dir / "broadcasts"), lora=cfg.inference.lora is not None)
 
 
 LOADERS: dict[WeightTransport, Callable[[OrchestratorConfig, ControlServer, int], WeightLoader]] = {
