@@ -95,6 +95,12 @@ def test_rl_engine_joins_at_step_4_and_leaves_at_step_8_one_dies_joining(
                 p.kill()
                 p.wait(timeout=30)
     _check_run(out, dying)
+    # the joiner was loaded with the served version (>= 4) before it was routed to, then every later one
+    loads = [
+        line for line in (tmp_path / "j" / "engine.log").read_text().splitlines() if "tensors from" in line
+    ]
+    first = int(loads[0].rsplit("as version ", 1)[1])
+    assert first >= 4 and f"broadcasts/step_{first} " in loads[0], loads[:2]
 
 
 def _start_rl(out: Path, model_dir: Path) -> subprocess.Popen:
