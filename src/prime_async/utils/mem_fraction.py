@@ -1,4 +1,4 @@
-"""A process's stated share of its GPU (`trainer.mem_fraction`, `inference.engine.mem_fraction`).
+"""A process's stated share of its GPU (`trainer.runtime.mem_fraction`, `inference.engine.mem_fraction`).
 
 When trainer and engine share one GPU (`weights.transport = "shared"`), each states its share and `rl`
 checks at start that the shares sum to at most 1 (`config/interactions.py`). On CUDA the share caps the
