@@ -178,3 +178,25 @@ def test_other_weight_transports_refuse_to_add(tmp_path: Path, transport: str):
         update={"transport": transport})})  # fmt: skip
     result = asyncio.run(world.pool.handle(EngineRequest("add", "http://e1", timeout_s=1)))
     assert not result.ok and f"transport = {transport!r}" in result.message
+
+
+def test_a_restarted_orchestrator_makes_the_changes_again(tmp_path: Path):
+    async def go():
+        world = World(tmp_path, {"http://e1": FakeEngine("http://e1")})
+        assert (await world.pool.handle(EngineRequest("add", "http://e1", "key-1", timeout_s=5))).ok
+        assert (await world.pool.handle(EngineRequest("remove", "http://e0", timeout_s=5))).ok
+        saved = json.loads((requests.engines_dir(tmp_path) / "membership.json").read_text())
+        assert saved == {"run_id": RUN, "added": {"http://e1": "key-1"}, "removed": ["http://e0"]}
+        # the next lifetime starts with the configured engine, then joins e1 again (loaded) and drops e0
+        again = FakeEngine("http://e1")
+        restarted = World(tmp_path, {"http://e1": again}, served=5)
+        await restarted.pool.restore()
+        assert [e.base_url for e in restarted.engines] == ["http://e1"] and again.loads == [("/b/step_5", 5)]
+        # another run's file changes nothing
+        other = World(tmp_path, {"http://e1": FakeEngine("http://e1")})
+        inference = other.pool.cfg.inference.model_copy(update={"run_id": "run-b"})
+        other.pool.cfg = other.pool.cfg.model_copy(update={"inference": inference})
+        await other.pool.restore()
+        assert [e.base_url for e in other.engines] == ["http://e0"]
+
+    asyncio.run(go())

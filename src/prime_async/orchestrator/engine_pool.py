@@ -19,6 +19,10 @@ admission released. A gateway session keeps the index of its engine, so the list
 episode is in flight; nothing is cancelled, so nothing is lost or trained twice, and the ledger and the
 K rule are untouched.
 
+Restart (`restore`): every change is saved (`engines/membership.json`, with the run id); a later lifetime
+of the same run (the orchestrator restarted, or resumed) makes the same changes at its start, each one
+checked as above; another run's file is ignored.
+
 Invariants: the list changes only under the pin; a joined engine serves `served_version` when it is
 appended; the last engine cannot leave; `max_inflight_groups` is the start's per-engine share times the
 live count (at least 1); only the filesystem weight transport with full weights joins engines (the
@@ -71,6 +75,8 @@ class EnginePool:
         self.make_client = make_client
         self.per_engine = admission.max_inflight_groups / max(1, len(engines))
         self.output_dir = Path(cfg.output_dir)
+        self.added: dict[str, str | None] = {}  # URL -> API key of the engines joined (this run)
+        self.removed: list[str] = []  # configured engines that left (this run)
 
     @property
     def urls(self) -> list[str]:
@@ -85,7 +91,10 @@ class EnginePool:
         return None
 
     async def run(self) -> None:
-        """Answer every request in the requests directory, oldest first, until cancelled."""
+        """Make an earlier lifetime's changes again, then answer every request in the requests directory,
+        oldest first, until cancelled."""
+        requests.write_live(self.output_dir, self.urls, self.admission.served_version)
+        await self.restore()
         requests.write_live(self.output_dir, self.urls, self.admission.served_version)
         while True:
             try:
@@ -96,6 +105,20 @@ class EnginePool:
             except OSError as e:  # the control files are unreadable: said once per poll, the run goes on
                 logger.warning("engine pool: %s: %s", type(e).__name__, e)
             await asyncio.sleep(POLL_S)
+
+    async def restore(self) -> None:
+        """An orchestrator restart of this run: the engines an earlier lifetime added join again (checked
+        and loaded as any join), then the configured ones it removed leave again; a failure is one line."""
+        added, removed = requests.load_membership(self.output_dir, self.cfg.inference.run_id)
+        if not added and not removed:
+            return
+        logger.info("engine pool: an earlier lifetime added %d and removed %d engine(s): again", len(added),
+                    len(removed))  # fmt: skip
+        for url, key in added.items():
+            await self.handle(EngineRequest("add", url, key))
+        for url in removed:
+            if url in self.urls:
+                await self.handle(EngineRequest("remove", url))
 
     async def handle(self, req: EngineRequest | ValueError) -> EngineResult:
         """One request's result; every failure is one log line and a refused result, never an exception."""
@@ -109,7 +132,20 @@ class EnginePool:
             logger.warning("engine pool: %s refused: %s", what, reason)
             return EngineResult(False, f"{what} refused: {reason}", tuple(self.urls))
         logger.info("engine pool: %s (%d engine(s) now)", message, len(self.engines))
+        self._remember(req)
         return EngineResult(True, message, tuple(self.urls))
+
+    def _remember(self, req: EngineRequest) -> None:
+        """Save the membership change (`engine_requests.save_membership`) for a restarted orchestrator."""
+        if req.op == "add":
+            self.added[req.url] = req.api_key
+            self.removed = [url for url in self.removed if url != req.url]
+        elif req.url in self.added:
+            del self.added[req.url]
+        else:  # a configured engine left
+            self.removed.append(req.url)
+        if self.cfg.inference.run_id is not None:
+            requests.save_membership(self.output_dir, self.cfg.inference.run_id, self.added, self.removed)
 
     async def add(self, req: EngineRequest) -> str:
         """Join the engine at `req.url` (module docstring); raises (one line) when it cannot join."""

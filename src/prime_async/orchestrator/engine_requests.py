@@ -5,6 +5,8 @@ an engine, and how the answer comes back (`docs/elastic.md`).
     output_dir/engines/results/<id>.json    {"ok", "message", "engines": [url, ...]}
     output_dir/engines/live.json            {"engines": [url, ...], "served_version"}: while an
                                             orchestrator runs (written at its start, removed at its end)
+    output_dir/engines/membership.json      {"run_id", "added": {url: api_key}, "removed": [url]}: the
+                                            changes made so far, made again by a restarted orchestrator
 
 Invariants: every file is written under a temporary name and renamed into place, so a reader never sees
 half a file; a request is answered by exactly one result of the same id and then deleted; files are
@@ -119,6 +121,24 @@ def wait_result(output_dir: Path, rid: str, timeout_s: float, poll_s: float = 0.
 def write_live(output_dir: Path, urls: list[str], served_version: int) -> None:
     """The engines serving now (written at start and after every change)."""
     write_json(engines_dir(output_dir) / "live.json", {"engines": urls, "served_version": served_version})
+
+
+def save_membership(output_dir: Path, run_id: str, added: dict[str, str | None], removed: list[str]) -> None:
+    """The changes this run's pool made so far (added URLs with their API keys, removed URLs): a later
+    lifetime of the same run (an orchestrator restart) makes them again at its start."""
+    data = {"run_id": run_id, "added": added, "removed": removed}
+    write_json(engines_dir(output_dir) / "membership.json", data)
+
+
+def load_membership(output_dir: Path, run_id: str | None) -> tuple[dict[str, str | None], list[str]]:
+    """(added, removed) saved by an earlier lifetime of run `run_id`; nothing for another run's file."""
+    path = engines_dir(output_dir) / "membership.json"
+    if run_id is None or not path.exists():
+        return {}, []
+    data = json.loads(path.read_text())
+    if data.get("run_id") != run_id:
+        return {}, []
+    return dict(data.get("added") or {}), list(data.get("removed") or [])
 
 
 def clear_live(output_dir: Path) -> None:
