@@ -47,7 +47,7 @@ def _orchestrator_pid(out: Path) -> int | None:
                 cmd = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
             except OSError:
                 continue
-            if len(cmd) >= 2 and cmd[-2] == "@" and cmd[-1].startswith(needle):
+            if f"@ {needle}" in " ".join(cmd):  # exec'd `.../orchestrator @ <config>`, or a fork's title
                 return int(entry.name)
     return None
 

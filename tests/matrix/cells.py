@@ -435,7 +435,7 @@ def processes_of(out: Path, component: str) -> list[str]:
             cmd = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:  # tolerated: the process exited while we looked
             continue
-        if any(part.startswith(needle) for part in cmd):
+        if f"@ {needle}" in " ".join(cmd):  # exec'd `.../orchestrator @ <config>`, or a fork's title
             found.append(f"{entry.name} {' '.join(cmd)[:200]}")
     return found
 

@@ -57,7 +57,7 @@ def _component_pid(out: Path, component: str) -> int | None:
             cmd = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
         except OSError:  # tolerated: the process exited while we looked
             continue
-        if len(cmd) >= 2 and cmd[-2] == "@" and cmd[-1].startswith(needle):
+        if f"@ {needle}" in " ".join(cmd):  # exec'd `.../orchestrator @ <config>`, or a fork's title
             return int(entry.name)
     return None
 

@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prime_async.launcher.forking import ForkedChild, can_fork, fork_command, forkable_command
 from prime_async.utils.process_tree import descendants, group_members, kill_tree
 
 logger = logging.getLogger(__name__)
@@ -41,12 +42,18 @@ class ChildProcess:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     health_url: str | None = None
-    process: subprocess.Popen | None = None
+    fork: bool = False  # fork `rl` rather than exec the command, where `launcher/forking.py` allows it
+    process: subprocess.Popen | ForkedChild | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         logger.info("starting %s: %s (log: %s)", self.name, " ".join(self.command), self.log_path)
+        script = forkable_command(self.command) if self.fork else None
+        if script is not None and can_fork():
+            log.close()
+            self.process = fork_command(script, self.command, self.env or dict(os.environ), self.log_path)
+            return
         # A new session makes the child a process-group leader so that stop() reaches its children.
         self.process = subprocess.Popen(
             self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env or None, start_new_session=True

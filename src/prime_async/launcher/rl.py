@@ -42,6 +42,7 @@ from prime_async.config.eval import EvalConfig
 from prime_async.config.inference import InferenceConfig
 from prime_async.config.placement import Placement
 from prime_async.config.rl import ENGINE_SECTIONS, RLConfig
+from prime_async.launcher.forking import preload
 from prime_async.launcher.gpus import component_env, place_run
 from prime_async.launcher.identity import check_engine_identity, check_ports_free, resolve_run
 from prime_async.launcher.process import ChildProcess, tail_lines
@@ -104,11 +105,12 @@ def trainer_command(cfg: RLConfig, config_path: Path) -> list[str]:
     return [*torchrun, f"--nproc-per-node={num_processes}", *entry, "@", str(config_path)]
 
 
-def ensure_model(cfg: RLConfig | EvalConfig) -> None:
-    """Build the offline model `model.build` names into `model.path` when it is missing (`rl`, `eval`)."""
+def ensure_model(cfg: RLConfig | EvalConfig) -> bool:
+    """Build the offline model `model.build` names into `model.path` when it is missing (`rl`, `eval`);
+    True when it built one (torch ran in this process)."""
     path = Path(cfg.model.path)
     if (path / "config.json").exists():
-        return
+        return False
     if cfg.model.build == "smollm2":
         from prime_async.models.smollm2 import ensure_smollm2
 
@@ -123,6 +125,8 @@ def ensure_model(cfg: RLConfig | EvalConfig) -> None:
         )
     else:
         logger.info("model.path %s is not a local directory: components load it as an HF id", path)
+        return False
+    return True
 
 
 def _check_teacher_model(cfg: RLConfig) -> None:
@@ -167,11 +171,18 @@ def _build_tiny(kind: str, path: Path) -> None:
 
 
 def build_processes(
-    cfg: RLConfig, paths: dict[str, Path], log_dir: Path, placement: Placement | None = None
+    cfg: RLConfig,
+    paths: dict[str, Path],
+    log_dir: Path,
+    placement: Placement | None = None,
+    *,
+    fork: bool = False,
 ) -> dict[str, ChildProcess]:
-    """The run's processes; each placed one sees only its devices (`launcher/gpus.py`)."""
+    """The run's processes; each placed one sees only its devices (`launcher/gpus.py`). With `fork`, they
+    start as forks of `rl` where `launcher/forking.py` allows it (`cfg.fork_components`, CPU runs only)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     placement = placement or Placement(devices={}, transport=cfg.weights.transport)
+    fork = fork and cfg.fork_components and not placement.devices
     components = {
         "inference": ChildProcess(
             name="inference",
@@ -179,18 +190,21 @@ def build_processes(
             log_path=log_dir / "inference.log",
             env=component_env(env, placement, "inference"),
             health_url=_inference_health_url(cfg),
+            fork=fork,
         ),
         "trainer": ChildProcess(
             name="trainer",
             command=trainer_command(cfg, paths["trainer"]),
             log_path=log_dir / "trainer.log",
             env=component_env(env, placement, "trainer"),
+            fork=fork,
         ),
         "orchestrator": ChildProcess(
             name="orchestrator",
             command=[*script_command("orchestrator"), "@", str(paths["orchestrator"])],
             log_path=log_dir / "orchestrator.log",
             env=env,
+            fork=fork,
         ),
     }
     for name in ENGINE_SECTIONS[1:]:  # dedicated eval engines, the teacher's engine
@@ -202,6 +216,7 @@ def build_processes(
                 log_path=log_dir / f"{name}.log",
                 env=component_env(env, placement, name),
                 health_url=_inference_health_url(inference),
+                fork=fork,
             )
     return components
 
@@ -229,9 +244,11 @@ def run(cfg: RLConfig) -> None:
         )  # fmt: skip
     output_dir = Path(cfg.output_dir)
     paths = write_sub_configs(cfg, output_dir / "configs")
-    ensure_model(cfg)
+    built = ensure_model(cfg)
     _check_teacher_model(cfg)
-    components = build_processes(cfg, paths, output_dir / "logs", placement)
+    components = build_processes(cfg, paths, output_dir / "logs", placement, fork=not built)
+    if any(c.fork for c in components.values()):
+        logger.info("components start as forks of rl: imported what they import in %.1f s", preload())
     status = _supervise(cfg, components, output_dir)
     raise SystemExit(status)
 
