@@ -9,7 +9,9 @@ env's trajectories also give `reward/seat/<seat>/mean` per seat. Per training en
 `reward/<name>/mean`, `rollout/env/<name>/data_staleness/mean`, and the env's own values
 (`rollouts/episode.env_values`): `env/<name>/metric/<metric>` (each `@vf.metric`) and
 `env/<name>/reward_fn/<reward>` (each reward function's unweighted score), each the mean over the batch's
-trajectories of that env that carry it.
+trajectories of that env that carry it. A batch with images (a vision-language model) also gives
+`rollout/images_per_episode`: the mean over its trajectories of `len(Episode.images)` (left out when no
+trajectory has one, so text runs log no such key).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def batch_metrics(groups: list[Group], step: int, env_names: Sequence[str] = ())
     rewards: list[float] = []
     completion_tokens = 0
     truncated = 0
+    images = 0
     by_seat: dict[str, list[float]] = {}
     for group in groups:
         for ep in group.episodes:
@@ -40,6 +43,7 @@ def batch_metrics(groups: list[Group], step: int, env_names: Sequence[str] = ())
             rewards.append(ep.reward if ep.reward is not None else 0.0)
             completion_tokens += ep.num_completion_tokens
             truncated += int(ep.truncated)
+            images += len(ep.images)
     n = max(len(staleness), 1)
     mean_reward = sum(rewards) / n
     out = {
@@ -55,6 +59,8 @@ def batch_metrics(groups: list[Group], step: int, env_names: Sequence[str] = ())
         "rollout/trained_completion_tokens/mean": completion_tokens / n,
         "rollout/truncated_fraction": truncated / n,
     }
+    if images:
+        out["rollout/images_per_episode"] = images / n
     if set(by_seat) != {"agent"}:
         out.update({f"reward/seat/{seat}/mean": sum(r) / len(r) for seat, r in by_seat.items()})
     out.update(env_metrics(groups, step, env_names))
