@@ -10,6 +10,7 @@ refusals: a corrupt image (an episode error naming the image), a prompt whose im
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 from pathlib import Path
 from typing import Any
@@ -119,3 +120,36 @@ def test_placer_refuses_a_sampled_video_placeholder(tiny_vlm_model_dir: Path) ->
     placer = ImagePlacer(str(tiny_vlm_model_dir))
     with pytest.raises(ImageError, match="video placeholder token"):
         placer.place([1, int(placer.video_token_id)], [])
+
+
+def test_a_text_model_refuses_images_and_a_recorded_call_keeps_them(tiny_vlm_model_dir: Path) -> None:
+    from prime_async.orchestrator.carry import decode_call, encode_call
+    from prime_async.rollouts.gateway import Gateway, GatewayError
+
+    placer = ImagePlacer(str(tiny_vlm_model_dir))
+    url = "data:image/png;base64," + base64.b64encode(_png_bytes()).decode()
+    body = {"token_ids": [1, placer.image_token_id, 2], "content_parts": [{"type": "image_url", "url": url}]}
+
+    async def call(images: ImagePlacer | None) -> tuple[dict[str, Any], Gateway]:
+        gateway = Gateway(engines=[ScriptedEngine([7, 8])], seq_len=64, images=images)
+        session = gateway.open_session(engine_key="0")
+        return await gateway.generate({**body, "model": session.key}), gateway
+
+    with pytest.raises(GatewayError, match="not a vision-language model"):
+        asyncio.run(call(None))
+    answer, gateway = asyncio.run(call(placer))
+    assert answer["prompt_token_ids"] == [1, *[placer.image_token_id] * 4, 2]
+    assert answer["mm_placeholders"] == {"image": [{"offset": 1, "length": 4}]}
+    (recorded,) = next(iter(gateway.sessions.values())).calls
+    assert recorded.images is not None and recorded.images.engine_ids == [1, placer.image_token_id, 2]
+    assert decode_call(encode_call(recorded)) == recorded
+
+
+def _png_bytes() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (56, 56), (255, 0, 0)).save(buf, format="PNG")
+    return buf.getvalue()
