@@ -8,7 +8,7 @@ environment, so survivors are found by scanning /proc, whoever their parent is n
 
 Exit paths: normal end, SIGTERM and SIGINT to `rl`, a component dying (trainer SIGKILLed, no restarts),
 the inference launcher SIGKILLed (its SGLang server is orphaned), and an exception inside `rl` (inference
-not healthy within `startup_timeout_s`).
+not healthy within `launch.startup_timeout_s`).
 """
 
 from __future__ import annotations

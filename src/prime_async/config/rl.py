@@ -69,6 +69,7 @@ from prime_async.config.interactions import (
     derive_keep_last,
     derive_lora_slots,
 )
+from prime_async.config.moved import refuse_moved
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.config.placement import GpusConfig
 from prime_async.config.shared import (
@@ -100,6 +101,23 @@ ENGINE_SECTIONS = ("inference", "eval_inference", "teacher_inference")  # the en
 _UNSPECIFIED_HOSTS = {"0.0.0.0", "::"}
 ORCHESTRATOR_CKPT_INTERVAL: KeyPath = ("data", "ckpt", "interval")
 WEIGHT_TARGETS = ("orchestrator", "trainer")  # sub-configs whose `weights` section holds every transfer key
+
+
+class LaunchConfig(BaseConfig):
+    """How `rl` starts its components (`launcher/rl.py`, `launcher/forking.py`)."""
+
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="How long `rl` waits for inference to be healthy before failing."
+    )
+    fork_components: bool = Field(
+        True,
+        description="On a CPU run, start the components (and their restarts) as forks of `rl`, which imports "
+        "torch, transformers and verifiers once, instead of fresh interpreters (~4-8 s of CPU saved per "
+        "start; `ps` shows `orchestrator @ <config>`). Runs with a GPU component always exec them.",
+    )
+
+
+MOVED_KEYS = {"startup_timeout_s": "launch.startup_timeout_s"}  # old key -> its key now (one-line error)
 
 
 class RestartConfig(BaseConfig):
@@ -164,14 +182,8 @@ class RLConfig(BaseConfig):
         description="Train and serve LoRA adapters (trainer.lora, inference.lora, "
         "orchestrator.inference.lora); None = full weights.",
     )
-    startup_timeout_s: float = Field(
-        600.0, gt=0, description="How long `rl` waits for inference to be healthy before failing."
-    )
-    fork_components: bool = Field(
-        True,
-        description="On a CPU run, start the components (and their restarts) as forks of `rl`, which imports "
-        "torch, transformers and verifiers once, instead of fresh interpreters (~4-8 s of CPU saved per "
-        "start; `ps` shows `orchestrator @ <config>`). Runs with a GPU component always exec them.",
+    launch: LaunchConfig = Field(
+        default_factory=LaunchConfig, description="How `rl` starts its components (`launcher/`)."
     )
     restart: RestartConfig = Field(
         default_factory=RestartConfig, description="Restart of dead components (budget per component)."
@@ -229,6 +241,12 @@ class RLConfig(BaseConfig):
     def with_values(self, **changes: Any) -> RLConfig:
         """This config with top-level keys changed, propagated again (the config itself is frozen)."""
         return type(self).model_validate({**self.given_values(), **changes})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_keys(cls, data: Any) -> Any:
+        """A key that moved into a section: one line naming its new key (`MOVED_KEYS`)."""
+        return refuse_moved(data, MOVED_KEYS, "rl")
 
     @model_validator(mode="after")
     def _check_interactions(self) -> RLConfig:

@@ -63,7 +63,7 @@ def start_engine(cfg: RLConfig, out_dir: Path, stack: contextlib.ExitStack) -> s
     )  # fmt: skip
     component.start()
     stack.callback(component.stop, timeout_s=20.0)
-    component.wait_healthy(timeout_s=cfg.startup_timeout_s, stop_flag=[])
+    component.wait_healthy(timeout_s=cfg.launch.startup_timeout_s, stop_flag=[])
     return f"http://127.0.0.1:{port}"
 
 
@@ -121,7 +121,7 @@ async def collect(
 
     engines = [HttpEngineClient(url, cfg.orchestrator.inference.api_key) for url in urls]
     try:
-        await wait_for_engines(engines, timeout_s=cfg.startup_timeout_s)
+        await wait_for_engines(engines, timeout_s=cfg.launch.startup_timeout_s)
         envs = list(cfg.orchestrator.envs)
         sources = build_sources(envs, engines, model_path=cfg.model.path, seq_len=cfg.seq_len)
         out = []

@@ -179,10 +179,10 @@ def build_processes(
     fork: bool = False,
 ) -> dict[str, ChildProcess]:
     """The run's processes; each placed one sees only its devices (`launcher/gpus.py`). With `fork`, they
-    start as forks of `rl` where `launcher/forking.py` allows it (`cfg.fork_components`, CPU runs only)."""
+    start as forks of `rl` where `launcher/forking.py` allows it (`launch.fork_components`, CPU runs only)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     placement = placement or Placement(devices={}, transport=cfg.weights.transport)
-    fork = fork and cfg.fork_components and not placement.devices
+    fork = fork and cfg.launch.fork_components and not placement.devices
     components = {
         "inference": ChildProcess(
             name="inference",
@@ -302,7 +302,7 @@ def _start_and_watch(
     components["trainer"].start()
     components["orchestrator"].start()
     for engine in engines:
-        engine.wait_healthy(timeout_s=cfg.startup_timeout_s, stop_flag=stop_signal)
+        engine.wait_healthy(timeout_s=cfg.launch.startup_timeout_s, stop_flag=stop_signal)
     if not stop_signal:
         for name in ENGINE_SECTIONS:
             if getattr(cfg, name) is not None:
@@ -377,7 +377,7 @@ def _restart_inference(
     time.sleep(cfg.restart.backoff_s)
     inference.start()
     try:
-        inference.wait_healthy(timeout_s=cfg.startup_timeout_s, stop_flag=stop_signal)
+        inference.wait_healthy(timeout_s=cfg.launch.startup_timeout_s, stop_flag=stop_signal)
     except RuntimeError as e:
         logger.error("restarted %s did not come up: %s", inference.name, e)
         return False
