@@ -43,3 +43,21 @@ def test_the_tiny_vlm_trains_with_images_in_two_turns(tiny_vlm_model_dir: Path, 
     assert orch[-1]["env/image-shapes/episodes/error"] >= 1 and errors, "the corrupt images' episodes"
     assert all("on example" in line for line in errors)
     assert "does not decode" in logs["orchestrator"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_teacher_scores_image_episodes(tiny_vlm_model_dir: Path, tmp_path: Path) -> None:
+    """On-policy distillation with the initial VLM as teacher: its engine scores each episode with the
+    episode's images (expanded placeholders + image_data), so batch 0's reverse KL is 0 up to float noise."""
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl_vlm.toml"),
+        "--output-dir", str(out), "--model.path", str(tiny_vlm_model_dir), "--max-steps", "2",
+        "--orchestrator.teacher.model", str(tiny_vlm_model_dir), "--orchestrator.teacher.env-weight", "1",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_jsonl(out / "metrics/orchestrator.jsonl")
+    assert abs(rows[0]["opd/reverse_kl"]) < 1e-3, rows[0]
+    assert sum(r["teacher/tokens"] for r in rows) > 0

@@ -168,17 +168,21 @@ class HttpEngineClient:
         return parse_generate(resp.json(), rid)
 
     async def score(
-        self, sequences: list[list[int]], starts: list[int], *, temperature: float = 1.0
-    ) -> list[list[float]]:
+        self, sequences: list[list[int]], starts: list[int], *, temperature: float = 1.0,
+        image_data: list[list[str]] | None = None,
+    ) -> list[list[float]]:  # fmt: skip
         """Prompt logprobs (SGLang's scoring request: `max_new_tokens = 0`, `return_logprob`,
         `logprob_start_len`), one batched `/generate`: per sequence, the logprob of each token from
         `starts[i]` (>= 1) on given the tokens before it. An answer not in SGLang's shape (not JSON, no
-        `meta_info`, other tokens) raises EngineError."""
-        return [lps for lps, _ in await self.score_top(sequences, starts, 0, temperature=temperature)]
+        `meta_info`, other tokens) raises EngineError. `image_data[i]`: sequence i's images (SGLang's
+        field), its placeholder runs already expanded."""
+        scored = await self.score_top(sequences, starts, 0, temperature=temperature, image_data=image_data)
+        return [lps for lps, _ in scored]
 
     async def score_top(
-        self, sequences: list[list[int]], starts: list[int], top_n: int, *, temperature: float = 1.0
-    ) -> list[tuple[list[float], list[dict[int, float]]]]:
+        self, sequences: list[list[int]], starts: list[int], top_n: int, *, temperature: float = 1.0,
+        image_data: list[list[str]] | None = None,
+    ) -> list[tuple[list[float], list[dict[int, float]]]]:  # fmt: skip
         """`score`, and with `top_n` > 0 (SGLang's `top_logprobs_num`) the top-n {token id: logprob} of each
         of the same positions (`meta_info.input_top_logprobs`; [] for each sequence when top_n = 0)."""
         if any(start < 1 for start in starts):
@@ -191,6 +195,8 @@ class HttpEngineClient:
         }
         if top_n > 0:
             payload["top_logprobs_num"] = top_n
+        if image_data is not None and any(image_data):
+            payload["image_data"] = [list(images) for images in image_data]
         resp = await self._post("/generate", payload, admin=False)
         try:
             answers = resp.json()

@@ -139,10 +139,14 @@ class TeacherScorer:
             client = next(self._next_client)
             t0 = time.perf_counter()
             try:
+                images = [[im.url for im in ep.images] for ep in episodes]  # a VLM's: expanded in token_ids
                 return await asyncio.wait_for(
-                    client.score([ep.token_ids for ep in episodes], starts, temperature=self.temperature),
+                    client.score(
+                        [ep.token_ids for ep in episodes], starts, temperature=self.temperature,
+                        image_data=images if any(images) else None,
+                    ),
                     timeout=self.cfg.timeout_s,
-                )
+                )  # fmt: skip
             except EngineUnavailable as exc:
                 raise _Outage(client.base_url, str(exc)) from exc
             except TimeoutError as exc:
