@@ -206,6 +206,7 @@ def _truncate(ep: Episode, seq_len: int) -> None:
     ep.loss_mask = ep.loss_mask[:seq_len]
     ep.sampler_logprobs = ep.sampler_logprobs[:seq_len]
     ep.token_versions = ep.token_versions[:seq_len]
+    ep.images = [im for im in ep.images if im.offset + im.length <= seq_len]  # a cut image is left out
     ep.truncated = ep.overlong = True
 
 
