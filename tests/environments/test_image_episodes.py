@@ -35,6 +35,7 @@ class ScriptedEngine:
         self.base_url = "scripted://vlm"
         self.reply = reply
         self.requests: list[dict[str, Any]] = []
+        self.metrics: dict[str, float] = {}
         self._ids = itertools.count()
 
     async def generate(
@@ -51,13 +52,16 @@ class ScriptedEngine:
 
 
 def _episodes(model_dir: Path, engine: ScriptedEngine, seq_len: int, **args: Any) -> list[Episode]:
+    """Episodes of examples 0 and 1; the source's metrics after them go to `engine.metrics`."""
     env_cfg = EnvConfig(id="image-shapes", args={"num_examples": 4, "turns": 2, **args})
 
     async def main() -> list[Episode]:
         async with build_rollout_source(
             env_cfg=env_cfg, engines=[engine], model_path=str(model_dir), seq_len=seq_len
         ) as source:
-            return [await source.run_episode(example_id=i, engine_key="0", sampling=SAMPLING) for i in (0, 1)]
+            out = [await source.run_episode(example_id=i, engine_key="0", sampling=SAMPLING) for i in (0, 1)]
+            engine.metrics = source.metrics()
+            return out
 
     return asyncio.run(main())
 
@@ -93,6 +97,7 @@ def test_images_of_every_turn_reach_the_engine_and_the_episode(
             assert img.url.startswith("data:image/png;base64,") and img.grid_thw == (1, 4, 4)
         assert ep.token_ids.count(pad) == 8 and ep.metrics["images"] == 2
         assert ep.metrics["env/images"] == 2.0
+    assert engine.metrics["env/images"] == 4.0  # images in ok trajectories, cumulative
 
 
 def test_placer_refuses_a_corrupt_image_naming_it(tiny_vlm_model_dir: Path) -> None:

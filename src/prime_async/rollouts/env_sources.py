@@ -3,7 +3,8 @@ their metrics summed and per env: shared by training (`orchestrator/`) and eval.
 
 Invariant: the env metrics of all sources are summed under `env/episodes/<status>`, `env/errors/<kind>`,
 `env/gateway_requests`, and also reported per env as `env/<name>/episodes/<status>` and
-`env/<name>/errors/<kind>` (and `env/<name>/branch_splits/<cause>`, `env/<name>/overflow_episodes`).
+`env/<name>/errors/<kind>` (and `env/<name>/branch_splits/<cause>`, `env/<name>/overflow_episodes`,
+`env/<name>/images`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def source_metrics(sources: Mapping[str, RolloutSource]) -> dict[str, float]:
     for name, source in sources.items():
         for key, value in source.metrics().items():
             out[key] = out.get(key, 0.0) + value
-            if key.startswith(("env/episodes/", "env/errors/", "env/branch_splits/", "env/overflow_")):
+            if key.startswith(
+                ("env/episodes/", "env/errors/", "env/branch_splits/", "env/overflow_", "env/images")
+            ):
                 out[f"env/{name}/{key.removeprefix('env/')}"] = value
     return out

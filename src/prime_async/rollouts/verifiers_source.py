@@ -127,6 +127,8 @@ class VerifiersRolloutSource:
         self.untrained_sampled_tokens = 0
         """Sampled tokens of ok trajectories outside their trained branch (seq_len cuts included)."""
         self.overflow_episodes = 0
+        self.images = 0
+        """Images in the trained tokens of ok trajectories (a vision-language model's)."""
         """Episodes with a turn that did not fit seq_len (`Episode.overlong`, status ok)."""
         self.episode_seconds = 0.0
         self.cancelled_lengths: dict[str, list[int]] = {}
@@ -297,6 +299,8 @@ class VerifiersRolloutSource:
             self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
         self._count_splits(episode)
         self._count_overflow(episode)
+        if episode.status == "ok":
+            self.images += len(episode.images)
 
     def _count_overflow(self, episode: Episode) -> None:
         """Count an episode with a turn that did not fit `seq_len` (`episode.overflow_turn`; a first
@@ -330,12 +334,15 @@ class VerifiersRolloutSource:
 
     def metrics(self) -> dict[str, float]:
         """Episode outcome counts since start (`env/episodes/<status>`, `env/errors/<kind>`,
-        `env/branch_splits/<cause>`, `env/untrained_sampled_tokens`, `env/overflow_episodes`)."""
+        `env/branch_splits/<cause>`, `env/untrained_sampled_tokens`, `env/overflow_episodes`, and with
+        images `env/images`: images in ok trajectories)."""
         out: dict[str, float] = {f"env/episodes/{k}": float(v) for k, v in self.counts.items()}
         out.update({f"env/errors/{k}": float(v) for k, v in self.error_kinds.items()})
         out.update({f"env/branch_splits/{k}": float(v) for k, v in self.branch_splits.items()})
         out["env/untrained_sampled_tokens"] = float(self.untrained_sampled_tokens)
         out["env/overflow_episodes"] = float(self.overflow_episodes)
+        if self.images:
+            out["env/images"] = float(self.images)
         out["env/gateway_requests"] = float(self.gateway.num_requests)
         out.update(self.gateway.replay_stats.metrics())
         return out
