@@ -16,12 +16,14 @@ logger = logging.getLogger(__name__)
 
 
 def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    inner = getattr(model, "model", None)
-    inner = getattr(inner, "language_model", inner)  # a vision-language model's decoder
-    layers = getattr(inner, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
-        raise ValueError(f"{type(model).__name__} has no `model.layers`: cannot parallelize per layer")
-    return layers
+    for path in ("model.layers", "model.language_model.layers"):  # a causal LM's, a VLM's decoder
+        try:
+            layers = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(layers, torch.nn.ModuleList):
+            return layers
+    raise ValueError(f"{type(model).__name__} has no `model.layers`: cannot parallelize per layer")
 
 
 def parallelize(
