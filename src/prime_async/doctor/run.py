@@ -18,6 +18,7 @@ from prime_async.config.lint import lint_rl
 from prime_async.config.rl import RLConfig
 from prime_async.doctor import checks
 from prime_async.doctor.checks import CheckResult
+from prime_async.doctor.images import ImageEcho, echo_images, image_prompt_fits, image_round_trip
 from prime_async.doctor.logprobs import mismatch_kl
 from prime_async.doctor.probe import EnvProbes, collect, start_engine
 from prime_async.doctor.report import render
@@ -37,8 +38,11 @@ class DoctorOptions:
     timeout_s: float = 600.0
 
 
-def env_rows(cfg: RLConfig, probes: EnvProbes) -> list[tuple[str, CheckResult]]:
-    """The probe checks of one env (the logprob check loads the trainer model)."""
+def env_rows(
+    cfg: RLConfig, probes: EnvProbes, echoes: list[ImageEcho] | None = None
+) -> list[tuple[str, CheckResult]]:
+    """The probe checks of one env (the logprob check loads the trainer model); a vision-language
+    model's (`echoes` given) also the image-prompt checks (`doctor/images.py`)."""
     sampling = probes.sampling
     max_tokens = sampling.max_tokens if sampling else None
     episodes = [e for p in probes.probes for e in p.ok]
@@ -50,7 +54,23 @@ def env_rows(cfg: RLConfig, probes: EnvProbes) -> list[tuple[str, CheckResult]]:
         checks.episode_fits(probes.probes, seq_len=cfg.seq_len, max_tokens=max_tokens),
         checks.mismatch_kl(kl, tokens),
     ]
+    if echoes is not None:
+        results.insert(1, image_round_trip(echoes))
+        results.insert(4, image_prompt_fits(probes.probes, seq_len=cfg.seq_len, max_tokens=max_tokens))
     return [(probes.env, r) for r in results]
+
+
+def _echoes(cfg: RLConfig, url: str, probes: EnvProbes, timeout_s: float) -> list[ImageEcho] | None:
+    """A vision-language model's image calls of one env sent back to the engine at `url`; None for a
+    text model (no image rows)."""
+    from prime_async.rollouts.images import image_placer
+
+    if image_placer(cfg.model.path) is None:
+        return None
+    temperature = probes.sampling.temperature if probes.sampling else 1.0
+    every = probes.probes + [p for pair in probes.pairs for p in pair]
+    coro = echo_images(url, cfg.orchestrator.inference.api_key, every, temperature)
+    return asyncio.run(asyncio.wait_for(coro, timeout=timeout_s))
 
 
 def diagnose(
@@ -64,7 +84,10 @@ def diagnose(
         coro = collect(cfg, [url], examples=opts.examples, longest=opts.longest, repeats=opts.repeats)
         all_probes = asyncio.run(asyncio.wait_for(coro, timeout=opts.timeout_s))
         vocab = None if cfg.lora is not None else asyncio.run(engine_answer(cfg, url))
-    rows = [row for probes in all_probes for row in env_rows(cfg, probes)]
+        echoes = [_echoes(cfg, url, probes, opts.timeout_s) for probes in all_probes]
+    rows = [
+        row for probes, echo in zip(all_probes, echoes, strict=True) for row in env_rows(cfg, probes, echo)
+    ]
     rows.append(("model", vocab_check(cfg, vocab)))
     if opts.sync_steps:
         rows.append(

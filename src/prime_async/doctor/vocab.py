@@ -34,7 +34,7 @@ async def engine_answer(cfg: RLConfig, url: str) -> EngineAnswer:
     from prime_async.inference.client import HttpEngineClient
     from prime_async.trainer.probe_reference import ProbeBuilder
 
-    vocab = AutoConfig.from_pretrained(cfg.model.path).vocab_size
+    vocab = AutoConfig.from_pretrained(cfg.model.path).get_text_config().vocab_size  # a VLM's: its text's
     sequences = ProbeBuilder.from_model_path(cfg.trainer.weights.probe, cfg.model.path).sequences
     client = HttpEngineClient(url, cfg.orchestrator.inference.api_key)
     answers = await client.score_top(sequences, [1] * len(sequences), vocab)
@@ -52,7 +52,7 @@ def vocab_figures(cfg: RLConfig, answer: EngineAnswer) -> ProbeFigures:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(cfg.trainer, device).eval()
-    probe = cfg.trainer.weights.probe.model_copy(update={"top_k": model.config.vocab_size})
+    probe = cfg.trainer.weights.probe.model_copy(update={"top_k": model.config.get_text_config().vocab_size})
     ref = ProbeBuilder(probe, answer.sequences).reference(probe_logits(model, answer.sequences))
     return compare(ref, answer.logprobs, tops_at(ref, answer.tops))
 
