@@ -24,7 +24,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "matrix")]
 
-from cells import DIMENSIONS, cell_id, refused_pairs, table_values, trained_cells  # noqa: E402
+from cells import (  # noqa: E402
+    DIMENSIONS,
+    TIE,
+    cell_id,
+    refused_pairs,
+    table_values,
+    trained_cells,
+    untied_pairs,
+)
 
 DOC = ROOT / "docs" / "feature-matrix.md"
 _PREFIX = re.compile(r"^rl: error: \S*cell\.toml: ")  # the temporary config file's path
@@ -62,9 +70,21 @@ def render(results: Path, total_s: float | None) -> str:
         "refused; a `probe = on` cell (`weights.probe.enabled`, full weights) logs `weights/probe_*`",
         "within the thresholds for the versions it loads and no mismatch (none at all with LoRA, which",
         "the probe skips); a `stop_on_alarm = on` cell (`trainer.health.stop_on_alarm`) logs the six",
-        "`health/<alarm>` at 0 every step and ends normally. A refused pair is checked through the",
-        "`rl` command: exit 2, one line naming both keys. `not run`: the table was rendered from a",
-        "partial run (`--results`); a full run fills it.",
+        "`health/<alarm>` at 0 every step and ends normally. A `model = vlm` cell trains the tiny",
+        'vision-language model (`model.build = "tiny_vlm"`, docs/vlm.md) on `image-shapes` (two images',
+        "per episode): every step's `rollout/images_per_episode` is above 0 (a text cell logs none). An",
+        "`elastic = on` cell runs `rl-engines start` once 2 steps are logged and `rl-engines remove` of",
+        "that engine once 4 are (and one after its join), in 12 steps: both exit 0 and",
+        "`inference/engines` per step goes 1 -> 2 -> 1, the removed engine stopped (no process left);",
+        "where the pool refuses changes (`weights.transport = 'distributed'`, LoRA; docs/elastic.md)",
+        "`start` exits 1 with the refusal as its first line, and the run trains on one engine.",
+        "A refused pair is checked through the `rl` command: exit 2, one line naming both keys.",
+        "`not run`: the table was rendered from a partial run (`--results`); a full run fills it.",
+        "",
+        f"Not crossed: `env = {TIE[0][1]}` goes exactly with `model = {TIE[1][1]}` (the text model takes no",
+        "images; the vlm cells train on images), so these pairs are in no cell: "
+        + ", ".join(f"`{a[0]}={a[1]} x {b[0]}={b[1]}`" for a, b in untied_pairs())
+        + ".",
         "",
         "Options: "
         + "; ".join(f"`{n}` {' / '.join(str(v) for v in vals)}" for n, vals in DIMENSIONS.items()),

@@ -11,7 +11,11 @@
                    cells; a teacher's logprobs in every batch; replayed routes in every trainer step; the
                    kill the only restart; no process of the run left afterwards; CURVE keys generated
                    owner-only and used by every component; the weight probe's figures within their
-                   thresholds; no health alarm on these healthy runs (`stop_on_alarm` cells)
+                   thresholds; no health alarm on these healthy runs (`stop_on_alarm` cells); images in
+                   every trained batch of a vlm cell (the tiny VLM on image-shapes); an elastic cell's
+                   engine (`rl-engines start`, then `remove`) serving between (1 -> 2 -> 1 engines per
+                   step), or its `start` refused in one line where the pool refuses changes
+               ──► not crossed: the pairs that break the TIE (env = image_shapes exactly with model = vlm)
 
 Adding an option: its values in DIMENSIONS (the default first), its config in `_base_config` (one
 value) or a function in OPTION_SECTIONS (a section), its check called by `check_trained`, and how a
@@ -21,8 +25,9 @@ Used by `test_matrix.py` (CI: every cell), `test_matrix_doc.py` (the docs table 
 cells) and `scripts/feature_matrix.py` (runs the cells, writes `docs/feature-matrix.md`).
 
 Invariants: the cell set is a pure function of DIMENSIONS and the config schema (no randomness:
-allpairspy is deterministic); every pair of values of two dimensions is either in some trained cell or
-is a refused pair; a cell's whole `rl` config is `cell_config(cell, ...)`, nothing else.
+allpairspy is deterministic); every pair of values of two dimensions is either in some trained cell, a
+refused pair, or breaks the TIE; a cell's whole `rl` config is `cell_config(cell, ...)`, nothing else
+(an elastic cell's engine commands are the run's, in `run_cell`).
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The values of each option the matrix crosses; the first value of each is its default in a cell.
 DIMENSIONS: dict[str, list[Any]] = {
-    "env": ["single_turn", "multi_turn", "tools", "two_seats", "best_of_n", "higher_lower"],
+    # image_shapes: the image-shapes environment, tied to model = vlm (TIE)
+    "env": ["single_turn", "multi_turn", "tools", "two_seats", "best_of_n", "higher_lower", "image_shapes"],
     "kill": ["none", "inference", "trainer", "orchestrator"],
     "k": [1, 0, 3, 8],
     "pause_mode": ["retract", "in_place", "drain"],
@@ -63,7 +69,12 @@ DIMENSIONS: dict[str, list[Any]] = {
     "curve": ["auto", "on"],  # transport.curve: on = ZeroMQ CURVE on the batch stream and control channel
     "probe": ["off", "on"],  # weights.probe.enabled: the check after every weight load
     "stop_on_alarm": ["off", "on"],  # trainer.health.stop_on_alarm: a health alarm ends the run
+    "model": ["tiny", "vlm"],  # vlm: model.build = "tiny_vlm" (docs/vlm.md), trained on image-shapes (TIE)
+    "elastic": ["off", "on"],  # on: `rl-engines start` an engine at ELASTIC_ADD_AT, `remove` it at _REMOVE_AT
 }
+# A cell has env = image_shapes exactly when it has model = vlm: the vlm cells train on images (two per
+# episode, as configs/tiny/rl_vlm.toml), the text model cannot. The pairs that break the tie are not crossed.
+TIE = (("env", "image_shapes"), ("model", "vlm"))
 DEFAULTS = {name: values[0] for name, values in DIMENSIONS.items()}
 
 # verifiers environments of each kind (the project's own examples, and verifiers' best-of-n env);
@@ -77,10 +88,17 @@ ENVS: dict[str, dict[str, Any]] = {
     "best_of_n": {"id": "reverse-text", "name": "reverse-text-best-of-2", "args": {"num_examples": 64},
                   "config": {"id": "best-of-n", "n": 2}},
     "higher_lower": {"id": "higher-lower", "args": {"num_examples": 64}},
+    "image_shapes": {"id": "image-shapes", "args": {"num_examples": 64, "turns": 2}},
 }  # fmt: skip
 MIX_PARTNER = {"id": "calculator", "name": "mix-calculator", "args": {"num_examples": 32}}
 EVAL_ENV = {"id": "reverse-text", "name": "heldout", "args": {"num_examples": 4, "seed": 123}}
 STEPS, KILL_STEPS, KILL_AT = 4, 6, 2  # a kill lands once KILL_AT orchestrator steps are logged
+# an elastic cell starts an engine once ELASTIC_ADD_AT steps are logged and removes it once
+# ELASTIC_REMOVE_AT are (and one step after its join): ELASTIC_STEPS leave room for the engine's start
+ELASTIC_STEPS, ELASTIC_ADD_AT, ELASTIC_REMOVE_AT = 12, 2, 4
+# the LoRA targets of a vlm cell: the language model's attention only (the tower's is `attn.qkv`/`attn.proj`,
+# its MLPs are named like the decoder's, and the engines refuse an adapter on the tower: docs/vlm.md)
+VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 Cell = dict[str, Any]
@@ -107,12 +125,10 @@ def _base_config(cell: Cell, *, out: str, model_dir: str, ports: tuple[int, int,
         "envs": envs,
     }  # fmt: skip
     return {
-        "max_steps": STEPS if cell["kill"] == "none" else KILL_STEPS,
+        "max_steps": num_steps(cell),
         "seq_len": 1024,  # the tools env's prompt with its tool schemas is ~500 tokens
         "output_dir": out,
-        "model": {"path": model_dir, "build": "tiny"}
-        if cell["moe"] == "off"
-        else {"path": moe_model_dir(model_dir), "build": "tiny_moe"},
+        "model": _model(cell, model_dir),
         "router_replay": cell["moe"] == "replay",
         "wandb": {"enabled": False},
         "transport": {"port": transport_port, "curve": cell["curve"]},
@@ -135,9 +151,28 @@ def _base_config(cell: Cell, *, out: str, model_dir: str, ports: tuple[int, int,
     }
 
 
+def num_steps(cell: Cell) -> int:
+    """The cell's `max_steps`: more with a kill (steps after the restart), most with an elastic engine."""
+    if cell["elastic"] == "on":
+        return ELASTIC_STEPS
+    return STEPS if cell["kill"] == "none" else KILL_STEPS
+
+
+def _model(cell: Cell, model_dir: str) -> dict[str, str]:
+    """The tiny model, its MoE sibling (moe = replay), or the tiny VLM (model = vlm; with replay the
+    config refuses the dense VLM)."""
+    if cell["model"] == "vlm":
+        return {"path": sibling_model_dir(model_dir, "vlm"), "build": "tiny_vlm"}
+    if cell["moe"] == "replay":
+        return {"path": moe_model_dir(model_dir), "build": "tiny_moe"}
+    return {"path": model_dir, "build": "tiny"}
+
+
 def _lora_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) -> None:
     if cell["lora"] == "on":
         cfg["lora"] = {"rank": 4, "alpha": 8.0}
+    if cell["lora"] == "on" and cell["model"] == "vlm":
+        cfg["lora"]["target_modules"] = VLM_LORA_TARGETS
 
 
 def _teacher_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) -> None:
@@ -166,7 +201,12 @@ OPTION_SECTIONS = (_lora_section, _teacher_section, _eval_section, _kill_section
 
 def moe_model_dir(model_dir: str) -> str:
     """The tiny MoE model beside the tiny model (`rl` builds it on first use, atomically)."""
-    return str(Path(model_dir).with_name(Path(model_dir).name + "-moe"))
+    return sibling_model_dir(model_dir, "moe")
+
+
+def sibling_model_dir(model_dir: str, kind: str) -> str:
+    """A tiny model of another kind (moe, vlm) beside the tiny model (`rl` builds it on first use)."""
+    return str(Path(model_dir).with_name(Path(model_dir).name + "-" + kind))
 
 
 @functools.cache
@@ -203,11 +243,31 @@ class RefusedPair:
 
     @property
     def cell(self) -> Cell:
-        return {**DEFAULTS, self.a[0]: self.a[1], self.b[0]: self.b[1]}
+        return tied({**DEFAULTS, self.a[0]: self.a[1], self.b[0]: self.b[1]})
 
     @property
     def label(self) -> str:
         return f"{self.a[0]}={self.a[1]} x {self.b[0]}={self.b[1]}"
+
+
+def tied(cell: Cell) -> Cell:
+    """`cell` with the TIE's other value set when it holds one of them (a pair's cell: the rest defaults)."""
+    (d1, v1), (d2, v2) = TIE
+    if cell[d1] == v1:
+        return {**cell, d2: v2}
+    return {**cell, d1: v1} if cell[d2] == v2 else cell
+
+
+def keeps_tie(cell: Cell) -> bool:
+    """Whether `cell` (possibly partial) holds both values of the TIE or neither."""
+    (d1, v1), (d2, v2) = TIE
+    return d1 not in cell or d2 not in cell or (cell[d1] == v1) == (cell[d2] == v2)
+
+
+def untied_pairs() -> list[tuple[tuple[str, Any], tuple[str, Any]]]:
+    """The pairs the matrix does not cross: they break the TIE (a text env on the VLM, images to the text
+    model)."""
+    return [(a, b) for a, b in all_pairs() if not keeps_tie(dict([a, b]))]
 
 
 def all_pairs() -> list[tuple[tuple[str, Any], tuple[str, Any]]]:
@@ -224,7 +284,9 @@ def refused_pairs() -> tuple[RefusedPair, ...]:
     assert refusal(DEFAULTS) is None, f"the default cell is refused: {refusal(DEFAULTS)}"
     out = []
     for a, b in all_pairs():
-        message = refusal({a[0]: a[1], b[0]: b[1]})
+        if not keeps_tie(dict([a, b])):
+            continue
+        message = refusal(tied({**DEFAULTS, a[0]: a[1], b[0]: b[1]}))
         if message is not None:
             out.append(RefusedPair(a, b, message))
     return tuple(out)
@@ -238,11 +300,12 @@ def trained_cells() -> tuple[tuple[tuple[str, Any], ...], ...]:
     names = list(DIMENSIONS)
 
     def allowed(row: list[Any]) -> bool:
-        return refusal(dict(zip(names, row, strict=False))) is None
+        partial = dict(zip(names, row, strict=False))
+        return keeps_tie(partial) and refusal(partial) is None
 
     rows = [dict(zip(names, row, strict=True)) for row in AllPairs([DIMENSIONS[n] for n in names],
                                                                    filter_func=allowed)]  # fmt: skip
-    refused = {(p.a, p.b) for p in refused_pairs()}
+    refused = {(p.a, p.b) for p in refused_pairs()} | set(untied_pairs())
     for a, b in all_pairs():  # allpairspy's filtered search can leave allowed pairs uncovered
         if (a, b) not in refused and not any(r[a[0]] == a[1] and r[b[0]] == b[1] for r in rows):
             rows.append(_cover(a, b, rows, refused))
@@ -251,9 +314,9 @@ def trained_cells() -> tuple[tuple[tuple[str, Any], ...], ...]:
 
 def _cover(a: tuple[str, Any], b: tuple[str, Any], rows: list[Cell], refused: set) -> Cell:
     """A valid cell holding pair (a, b), its other values chosen greedily to cover pairs not yet covered."""
-    cell = {**DEFAULTS, a[0]: a[1], b[0]: b[1]}
+    cell = tied({**DEFAULTS, a[0]: a[1], b[0]: b[1]})
     for name, values in DIMENSIONS.items():
-        if name in (a[0], b[0]):
+        if name in (a[0], b[0]) or name in dict(TIE):
             continue
 
         def gain(value: Any, name: str = name) -> int:
@@ -262,7 +325,7 @@ def _cover(a: tuple[str, Any], b: tuple[str, Any], rows: list[Cell], refused: se
                        for o in DIMENSIONS if o != name)  # fmt: skip
 
         for value in sorted(values, key=gain, reverse=True):
-            if refusal({**cell, name: value}) is None:
+            if keeps_tie({**cell, name: value}) and refusal({**cell, name: value}) is None:
                 cell[name] = value
                 break
     return cell
@@ -270,7 +333,7 @@ def _cover(a: tuple[str, Any], b: tuple[str, Any], rows: list[Cell], refused: se
 
 SHORT = {"single_turn": "single-turn", "multi_turn": "multi-turn", "two_seats": "two seats",
          "best_of_n": "best-of-n", "higher_lower": "higher-lower", "filesystem": "fs",
-         "distributed": "dist"}  # fmt: skip
+         "distributed": "dist", "image_shapes": "image-shapes"}  # fmt: skip
 
 
 def table_values(cell: Cell) -> list[str]:
@@ -298,6 +361,8 @@ class CellRun:
     wall_s: float = 0.0
     killed_pid: int = 0
     leftovers: list[str] = field(default_factory=list)
+    # the `rl-engines` commands of an elastic cell: (op, exit status, output, orchestrator steps logged after)
+    engine_changes: list[tuple[str, int, str, int]] = field(default_factory=list)
 
 
 def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> CellRun:
@@ -319,15 +384,16 @@ def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> Ce
     proc = subprocess.Popen([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     threads = [threading.Thread(target=_kill_at, args=(run, stop), daemon=True),
-               threading.Thread(target=_watch_tree, args=(proc.pid, seen, stop), daemon=True)]  # fmt: skip
+               threading.Thread(target=_watch_tree, args=(proc.pid, seen, stop), daemon=True),
+               threading.Thread(target=_change_engines, args=(run, env, stop), daemon=True)]  # fmt: skip
     for thread in threads:
         thread.start()
     try:
         run.stderr = _stderr_of(proc, timeout_s)
     finally:
         stop.set()
-        for thread in threads:
-            thread.join(10)
+        for thread in threads:  # an `rl-engines` command ends within ENGINES_TIMEOUT_S
+            thread.join(ENGINES_TIMEOUT_S + 30)
     run.wall_s = time.monotonic() - start
     run.returncode = proc.returncode
     run.leftovers = leftover_processes(out, seen)
@@ -424,12 +490,14 @@ def _kill_at(run: CellRun, stop: threading.Event) -> None:
 
 
 def processes_of(out: Path, component: str) -> list[str]:
-    """'pid cmdline' of every live process of `component` of the run in `out` (the kill's target),
-    matched by its config file `out/configs/<component>.toml`."""
+    """'pid cmdline' of every live process of `component` of the run in `out` (the kill's target), lowest
+    pid first, matched by its config file `out/configs/<component>.toml`; not the engines `rl-engines
+    start` started (the same config file; their pids in `out/engines/started/`)."""
     needle = str(out / "configs" / f"{component}.toml")
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    started = started_engine_pids(out)
+    for entry in sorted(Path("/proc").iterdir(), key=lambda e: int(e.name) if e.name.isdigit() else 0):
+        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), *started):
             continue
         try:
             cmd = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -438,6 +506,62 @@ def processes_of(out: Path, component: str) -> list[str]:
         if f"@ {needle}" in " ".join(cmd):  # exec'd `.../orchestrator @ <config>`, or a fork's title
             found.append(f"{entry.name} {' '.join(cmd)[:200]}")
     return found
+
+
+def started_engine_pids(out: Path) -> set[int]:
+    """The pids of the engines `rl-engines start` started for the run in `out` and has not stopped."""
+    import json
+
+    pids = set()
+    for record in (out / "engines" / "started").glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):  # tolerated: written or removed meanwhile
+            pids.add(int(json.loads(record.read_text())["pid"]))
+    return pids
+
+
+ENGINES_TIMEOUT_S = 150  # each `rl-engines` command's deadline (--timeout-s; the start of an engine on CPU)
+
+
+def _engines_command(run: CellRun, env: dict[str, str], *args: str) -> tuple[int, str]:
+    """Run `rl-engines ARGS --run OUT` (its engine inherits the run's marker); its exit status and output."""
+    cmd = [sys.executable, "-m", "prime_async.entrypoints.rl_engines", *args, "--run", str(run.out),
+           "--timeout-s", str(ENGINES_TIMEOUT_S)]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=ENGINES_TIMEOUT_S + 20)  # fmt: skip
+    except subprocess.TimeoutExpired as e:
+        return -1, f"rl-engines {args[0]} timed out: {e.stdout!r} {e.stderr!r}"
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def _steps_logged(out: Path) -> int:
+    from proc_helpers import read_jsonl
+
+    return len(read_jsonl(out / "metrics" / "orchestrator.jsonl"))
+
+
+def _wait_steps(out: Path, steps: int, stop: threading.Event) -> bool:
+    """Whether `steps` orchestrator steps got logged before `stop` (rl exited)."""
+    while _steps_logged(out) < steps:
+        if stop.wait(0.1):
+            return False
+    return True
+
+
+def _change_engines(run: CellRun, env: dict[str, str], stop: threading.Event) -> None:
+    """An elastic cell: `rl-engines start` once ELASTIC_ADD_AT steps are logged, then, when its engine
+    joined, `rl-engines remove` of it once ELASTIC_REMOVE_AT steps and one after the join are logged."""
+    if run.cell["elastic"] == "off" or not _wait_steps(run.out, ELASTIC_ADD_AT, stop):
+        return
+    code, text = _engines_command(run, env, "start")
+    run.engine_changes.append(("start", code, text, _steps_logged(run.out)))
+    match = re.search(r"\(pid \d+, log \S*inference-(\d+)\.log\)", text)
+    if code != 0 or match is None:
+        return
+    if not _wait_steps(run.out, max(ELASTIC_REMOVE_AT, run.engine_changes[-1][3] + 1), stop):
+        return
+    code, text = _engines_command(run, env, "remove", "--url", f"http://127.0.0.1:{match[1]}")
+    run.engine_changes.append(("remove", code, text, _steps_logged(run.out)))
 
 
 def check_trained(run: CellRun) -> dict[str, float]:
@@ -449,7 +573,7 @@ def check_trained(run: CellRun) -> dict[str, float]:
     )
     assert run.returncode == 0, f"rl exited {run.returncode}:\n{run.stderr[-3000:]}\n{logs}"
     assert not run.leftovers, f"processes left running: {run.leftovers}"
-    steps = STEPS if run.cell["kill"] == "none" else KILL_STEPS
+    steps = num_steps(run.cell)
     k = run.cell["k"]
     orch = read_jsonl(run.out / "metrics" / "orchestrator.jsonl")
     trainer = read_jsonl(run.out / "metrics" / "trainer.jsonl")
@@ -468,6 +592,8 @@ def check_trained(run: CellRun) -> dict[str, float]:
     check_curve(run)
     check_probe(run, orch)
     check_health(run, trainer)
+    check_images(run.cell, orch)
+    check_elastic(run, orch)
     return {
         "wall_s": run.wall_s,
         "staleness_max": max(m["rollout/data_staleness/max"] for m in orch),
@@ -677,6 +803,43 @@ def check_health(run: CellRun, trainer: list[dict]) -> None:
         assert alarms == dict.fromkeys(ALARMS, 0.0), f"step {m['step']}: health alarms {alarms}"
     log = (run.out / "logs" / "trainer.log").read_text()
     assert "health alarm" not in log, [line for line in log.splitlines() if "health alarm" in line]
+
+
+def check_images(cell: Cell, orch: list[dict]) -> None:
+    """A vlm cell's images reached the trained episodes: every step's `rollout/images_per_episode` > 0
+    (image-shapes shows one image per turn); a text cell logs none."""
+    key = "rollout/images_per_episode"
+    if cell["model"] == "tiny":
+        assert not [m["step"] for m in orch if key in m], f"images in a text cell: {orch[-1]}"
+        return
+    for m in orch:
+        assert m.get(key, 0) > 0, f"step {m['step']}: no image in the trained episodes: {m}"
+
+
+def elastic_refused(cell: Cell) -> bool:
+    """Whether the run refuses `rl-engines add` (docs/elastic.md: filesystem weights, full weights only)."""
+    return cell["weights"] != "filesystem" or cell["lora"] == "on"
+
+
+def check_elastic(run: CellRun, orch: list[dict]) -> None:
+    """An elastic cell: where the pool refuses changes, `start` exited 1, its first line the refusal
+    naming the setting (its engine stopped again: no process left), and one engine served throughout;
+    elsewhere `start` and `remove` exited 0 and `inference/engines` per step went 1 -> 2 -> 1. A cell
+    without: no change, one engine."""
+    counts = [m.get("inference/engines") for m in orch]
+    changes = [(op, code) for op, code, _, _ in run.engine_changes]
+    if run.cell["elastic"] == "off":
+        assert not changes and set(counts) == {1}, (changes, counts)
+        return
+    if elastic_refused(run.cell):
+        line = run.engine_changes[0][2].splitlines()[0] if changes else ""
+        named = any(word in line for word in ("weights.transport", "LoRA"))
+        assert changes == [("start", 1)] and "refused" in line and named, run.engine_changes
+        assert set(counts) == {1}, f"engines per step {counts}"
+        return
+    assert changes == [("start", 0), ("remove", 0)], f"{run.engine_changes}; engines per step {counts}"
+    first_two = counts.index(2) if 2 in counts else len(counts)
+    assert counts[0] == 1 and 1 in counts[first_two:] and set(counts) == {1, 2}, f"engines per step {counts}"
 
 
 def run_refused(cell: Cell, work: Path, *, timeout_s: float = 120) -> subprocess.CompletedProcess:
