@@ -113,3 +113,21 @@ def test_plan_from_a_directory_without_a_run_is_one_line(tmp_path: Path) -> None
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 1 and proc.stderr.startswith("plan: error: ")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_profile_reads_what_images_cost(run_dir: Path) -> None:
+    """A VLM run: the tower's seconds per step and the images per episode read apart (their time is
+    already inside the latencies the simulation draws); a text run shows neither."""
+    assert (
+        read_profile(run_dir).vision_time_s == 0.0 and "vision tower" not in read_profile(run_dir).describe()
+    )
+    path = run_dir / "metrics" / "orchestrator.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        row.update({"inference/vision_s": 0.016, "rollout/images_per_episode": 2.0})
+    _write_jsonl(path, rows)
+    profile = read_profile(run_dir)
+    assert profile.vision_time_s == pytest.approx(0.016) and profile.images_per_episode == 2.0
+    per_step = profile.episodes_per_step  # steady-state episodes per steady-state step
+    assert profile.vision_s_per_image == pytest.approx(0.016 / (2.0 * per_step))
+    assert "images 2.0 per episode: vision tower 0.016s/step" in profile.describe()

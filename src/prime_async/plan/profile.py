@@ -5,9 +5,18 @@
                                time/write_weights                ──► background weight write
     metrics/orchestrator.jsonl time/sync_weights, time/cut       ──► weight update, batch cut time
                                time/step                         ──► the measured step time
+                               inference/vision_s, rollout/images_per_episode ──► image prefill (VLMs)
 
 The first `warmup` steps are left out everywhere (process start, first compilation, the first batch that
 waits for the whole pipeline to fill): the figures describe the steady state.
+
+Images (a vision-language model): an image's cost at the engine is its prefill tokens plus the vision
+tower's time. Both are inside the measured episode latencies (an episode's `seconds` include its model
+calls' prefill), so every simulated group draws them with its latencies and the prediction counts them.
+The profile also reads them apart, to show what images cost: the vision tower's seconds per steady-state
+step (`inference/vision_s`, the engines' tower time since the previous step), the images per trained
+episode, and from both the tower's time per image (each episode's images encoded once: a later turn that
+resends an image hits the engine's embedding cache). Text runs log neither metric: both stay 0.
 """
 
 from __future__ import annotations
@@ -39,6 +48,25 @@ class Profile:
     concurrency_per_engine: float = (
         1.0  # most episodes running on one engine at once (the latencies hold up to it)
     )
+    vision_time_s: float = 0.0  # the engines' vision-tower seconds per step (inside the latencies)
+    images_per_episode: float = 0.0
+    episodes_per_step: float = 0.0
+
+    @property
+    def vision_s_per_image(self) -> float:
+        """The vision tower's seconds per image encoded (0 without images)."""
+        images = self.images_per_episode * self.episodes_per_step
+        return self.vision_time_s / images if images > 0 else 0.0
+
+    def describe_images(self) -> str:
+        """'' for a text run; else what images cost (module docstring)."""
+        if self.images_per_episode <= 0:
+            return ""
+        return (
+            f", images {self.images_per_episode:.1f} per episode: vision tower "
+            f"{self.vision_time_s:.3f}s/step ({1000 * self.vision_s_per_image:.1f} ms per image; with the "
+            "image tokens' prefill inside the episode latencies)"
+        )
 
     @property
     def latency_samples(self) -> list[float]:
@@ -52,7 +80,7 @@ class Profile:
             f"weight write {self.write_time_s:.3f}s, engine update {self.update_time_s:.3f}s, "
             f"batch cut {self.cut_time_s:.3f}s, "
             f"up to {self.concurrency_per_engine:.1f} episodes at once per engine ({self.engines} engines), "
-            f"measured step {self.step_time_s:.3f}s"
+            f"measured step {self.step_time_s:.3f}s{self.describe_images()}"
         )
 
 
@@ -96,7 +124,16 @@ def read_profile(run_dir: Path, *, warmup: int = WARMUP_STEPS) -> Profile:
         step_time_s=statistics.fmean(m["time/step"] for m in orch),
         engines=engines,
         concurrency_per_engine=max(1.0, concurrency),
+        vision_time_s=_median([m["inference/vision_s"] for m in orch if "inference/vision_s" in m]),
+        images_per_episode=_mean(
+            [m["rollout/images_per_episode"] for m in orch if "rollout/images_per_episode" in m]
+        ),
+        episodes_per_step=len(episodes) / len(orch),
     )
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
 
 
 def _by_group(episodes: list[dict]) -> tuple[tuple[float, ...], ...]:
