@@ -142,3 +142,15 @@ def test_megatron_refuses_a_vision_language_model(tiny_vlm_model_dir: Path) -> N
         with pytest.raises(ValueError, match="does not train vision-language models") as e:
             TrainerConfig(backend="megatron", model=model)
         assert "\n" not in str(e.value).split("does not train")[1].split("[type")[0].strip()
+
+
+def test_lora_adapts_the_language_model_only(tiny_vlm_model_dir: Path) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    from prime_async.config.shared import LoraConfig
+    from prime_async.trainer.lora import adapter_tensors, apply_lora
+
+    model = AutoModelForImageTextToText.from_pretrained(str(tiny_vlm_model_dir), dtype=torch.float32)
+    apply_lora(model, LoraConfig(rank=4, alpha=8.0), str(tiny_vlm_model_dir))
+    names = list(adapter_tensors(model))
+    assert names and all(".language_model.layers." in n for n in names), names[:3]

@@ -12,7 +12,9 @@ Invariants:
 - `adapter_tensors` is collective under FSDP2 (every rank gathers the same parameters in the same
   order) and returns full, unsharded CPU tensors named as PEFT's `save_pretrained` names them, so a
   published directory loads with `PeftModel.from_pretrained` and SGLang's `/load_lora_adapter`;
-- the adapter's update is `(alpha / rank) * B A x` (no rsLoRA, no DoRA): what the engines apply.
+- the adapter's update is `(alpha / rank) * B A x` (no rsLoRA, no DoRA): what the engines apply;
+- a vision-language model's vision tower gets no adapter (`VISION_MODULES` excluded): the language model
+  trains, images are encoded by the base tower on both sides.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from __future__ import annotations
 import torch
 
 from prime_async.config.shared import LoraConfig
+from prime_async.trainer.vision import is_vision_language
 
 ADAPTER_NAME = "default"
+VISION_MODULES = r".*\bvisual\..*"  # PEFT regex (full match) of a VLM's vision tower modules
 PEFT_PREFIX = "base_model.model."
 
 
@@ -34,6 +38,8 @@ def peft_config(cfg: LoraConfig, base_model_path: str):
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
+        # a vision-language model: adapters on the language model only (the vision tower stays as it is)
+        exclude_modules=VISION_MODULES if is_vision_language(base_model_path) else None,
         modules_to_save=list(cfg.modules_to_save) or None,
         bias="none",
         task_type="CAUSAL_LM",
