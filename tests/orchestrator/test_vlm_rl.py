@@ -39,6 +39,8 @@ def test_the_tiny_vlm_trains_with_images_in_two_turns(tiny_vlm_model_dir: Path, 
     assert trainer[0]["mismatch_kl"] < 1e-6, "engine and trainer agree on image prompts at version 0"
     orch = read_jsonl(out / "metrics" / "orchestrator.jsonl")
     assert all(m["env/image-shapes/metric/images"] == 2.0 for m in orch), "an image in each of two turns"
+    assert all(m["rollout/images_per_episode"] == 2.0 for m in orch)  # the VLM metrics (metrics.md)
+    assert any(m.get("inference/vision_s", 0.0) > 0 for m in orch), "the engine's vision-tower seconds"
     assert orch[-1]["env/image-shapes/images"] >= 2 * orch[-1]["env/image-shapes/episodes/ok"] - 1
     errors = [line for line in logs["orchestrator"].splitlines() if "episode error" in line]
     assert orch[-1]["env/image-shapes/episodes/error"] >= 1 and errors, "the corrupt images' episodes"
