@@ -13,8 +13,8 @@
                    owner-only and used by every component; the weight probe's figures within their
                    thresholds; no health alarm on these healthy runs (`stop_on_alarm` cells); images in
                    every trained batch of a vlm cell (the tiny VLM on image-shapes); an elastic cell's
-                   engine (`rl-engines start`, then `remove`) serving between (1 -> 2 -> 1 engines per
-                   step), or its `start` refused in one line where the pool refuses changes
+                   engine (`rl-engines add`, then `remove`) serving between (1 -> 2 -> 1 engines per
+                   step), or its `add` refused in one line where the pool refuses changes
                ──► not crossed: the pairs that break the TIE (env = image_shapes exactly with model = vlm)
 
 Adding an option: its values in DIMENSIONS (the default first), its config in `_base_config` (one
@@ -70,7 +70,7 @@ DIMENSIONS: dict[str, list[Any]] = {
     "probe": ["off", "on"],  # weights.probe.enabled: the check after every weight load
     "stop_on_alarm": ["off", "on"],  # trainer.health.stop_on_alarm: a health alarm ends the run
     "model": ["tiny", "vlm"],  # vlm: model.build = "tiny_vlm" (docs/vlm.md), trained on image-shapes (TIE)
-    "elastic": ["off", "on"],  # on: `rl-engines start` an engine at ELASTIC_ADD_AT, `remove` it at _REMOVE_AT
+    "elastic": ["off", "on"],  # on: `rl-engines add` an engine at ELASTIC_ADD_AT, `remove` it at _REMOVE_AT
 }
 # A cell has env = image_shapes exactly when it has model = vlm: the vlm cells train on images (two per
 # episode, as configs/tiny/rl_vlm.toml), the text model cannot. The pairs that break the tie are not crossed.
@@ -93,9 +93,9 @@ ENVS: dict[str, dict[str, Any]] = {
 MIX_PARTNER = {"id": "calculator", "name": "mix-calculator", "args": {"num_examples": 32}}
 EVAL_ENV = {"id": "reverse-text", "name": "heldout", "args": {"num_examples": 4, "seed": 123}}
 STEPS, KILL_STEPS, KILL_AT = 4, 6, 2  # a kill lands once KILL_AT orchestrator steps are logged
-# an elastic cell starts an engine once ELASTIC_ADD_AT steps are logged and removes it once
-# ELASTIC_REMOVE_AT are (and one step after its join): ELASTIC_STEPS leave room for the engine's start
-ELASTIC_STEPS, ELASTIC_ADD_AT, ELASTIC_REMOVE_AT = 12, 2, 4
+# an elastic cell adds an engine once ELASTIC_ADD_AT steps are logged and removes it once ELASTIC_REMOVE_AT
+# are (and one step after its join): ELASTIC_STEPS leave room for the join's load and the leave's drain
+ELASTIC_STEPS, ELASTIC_ADD_AT, ELASTIC_REMOVE_AT = 16, 2, 4
 # the LoRA targets of a vlm cell: the language model's attention only (the tower's is `attn.qkv`/`attn.proj`,
 # its MLPs are named like the decoder's, and the engines refuse an adapter on the tower: docs/vlm.md)
 VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -356,6 +356,7 @@ class CellRun:
 
     cell: Cell
     out: Path
+    model_path: str = ""
     returncode: int = 0
     stderr: str = ""
     wall_s: float = 0.0
@@ -374,8 +375,9 @@ def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> Ce
     out = work / "run"
     ports = (0, 0, 0)  # rl picks free ones as it starts (a port picked here could be taken by then)
     path = work / "cell.toml"
-    path.write_text(tomli_w.dumps(cell_config(cell, out=str(out), model_dir=str(model_dir), ports=ports)))
-    run = CellRun(cell=cell, out=out)
+    config = cell_config(cell, out=str(out), model_dir=str(model_dir), ports=ports)
+    run = CellRun(cell=cell, out=out, model_path=config["model"]["path"])
+    path.write_text(tomli_w.dumps(config))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
            RUN_MARKER: str(out)}  # fmt: skip
     stop = threading.Event()
@@ -490,14 +492,12 @@ def _kill_at(run: CellRun, stop: threading.Event) -> None:
 
 
 def processes_of(out: Path, component: str) -> list[str]:
-    """'pid cmdline' of every live process of `component` of the run in `out` (the kill's target), lowest
-    pid first, matched by its config file `out/configs/<component>.toml`; not the engines `rl-engines
-    start` started (the same config file; their pids in `out/engines/started/`)."""
+    """'pid cmdline' of every live process of `component` of the run in `out` (the kill's target),
+    matched by its config file `out/configs/<component>.toml`."""
     needle = str(out / "configs" / f"{component}.toml")
     found = []
-    started = started_engine_pids(out)
-    for entry in sorted(Path("/proc").iterdir(), key=lambda e: int(e.name) if e.name.isdigit() else 0):
-        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), *started):
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             cmd = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -508,30 +508,25 @@ def processes_of(out: Path, component: str) -> list[str]:
     return found
 
 
-def started_engine_pids(out: Path) -> set[int]:
-    """The pids of the engines `rl-engines start` started for the run in `out` and has not stopped."""
-    import json
-
-    pids = set()
-    for record in (out / "engines" / "started").glob("*.json"):
-        with contextlib.suppress(OSError, ValueError, KeyError):  # tolerated: written or removed meanwhile
-            pids.add(int(json.loads(record.read_text())["pid"]))
-    return pids
-
-
-ENGINES_TIMEOUT_S = 150  # each `rl-engines` command's deadline (--timeout-s; the start of an engine on CPU)
+ENGINES_TIMEOUT_S = 150  # each `rl-engines` command's deadline (--timeout-s), and an engine's start
 
 
 def _engines_command(run: CellRun, env: dict[str, str], *args: str) -> tuple[int, str]:
-    """Run `rl-engines ARGS --run OUT` (its engine inherits the run's marker); its exit status and output."""
+    """`rl-engines ARGS --run OUT`: its exit status and output. Exit 2 while no orchestrator runs (a
+    kill's restart between two lifetimes) is tried again for up to ENGINES_TIMEOUT_S."""
     cmd = [sys.executable, "-m", "prime_async.entrypoints.rl_engines", *args, "--run", str(run.out),
            "--timeout-s", str(ENGINES_TIMEOUT_S)]  # fmt: skip
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=ENGINES_TIMEOUT_S + 20)  # fmt: skip
-    except subprocess.TimeoutExpired as e:
-        return -1, f"rl-engines {args[0]} timed out: {e.stdout!r} {e.stderr!r}"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
+    deadline = time.monotonic() + ENGINES_TIMEOUT_S
+    while True:
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=ENGINES_TIMEOUT_S + 20)  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            return -1, f"rl-engines {args[0]} timed out: {e.stdout!r} {e.stderr!r}"
+        text = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 2 or "no orchestrator is running" not in text or time.monotonic() > deadline:
+            return proc.returncode, text
+        time.sleep(0.5)
 
 
 def _steps_logged(out: Path) -> int:
@@ -540,28 +535,74 @@ def _steps_logged(out: Path) -> int:
     return len(read_jsonl(out / "metrics" / "orchestrator.jsonl"))
 
 
-def _wait_steps(out: Path, steps: int, stop: threading.Event) -> bool:
-    """Whether `steps` orchestrator steps got logged before `stop` (rl exited)."""
-    while _steps_logged(out) < steps:
+def _wait_for(ready: Any, stop: threading.Event) -> bool:
+    """Whether `ready()` held before `stop` (rl exited)."""
+    while not ready():
         if stop.wait(0.1):
             return False
     return True
 
 
+def _start_engine(run: CellRun, env: dict[str, str]) -> tuple[str, subprocess.Popen]:
+    """An embedded engine of the run (`inference` with the run's `configs/inference.toml`: its model and
+    run id) on a free port, its own output_dir and log beside the run, healthy; it carries the run's
+    marker, so one left running is a leftover."""
+    import tomllib
+
+    import tomli_w
+
+    from proc_helpers import free_port, wait_healthy
+
+    work = run.out.parent / "elastic-engine"
+    work.mkdir(exist_ok=True)
+    cfg = tomllib.loads((run.out / "configs" / "inference.toml").read_text())
+    port = free_port()
+    cfg["output_dir"], cfg["server"]["port"] = str(work), port
+    (work / "inference.toml").write_text(tomli_w.dumps(cfg))
+    with (work / "engine.log").open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "prime_async.entrypoints.inference", "@",
+                                 str(work / "inference.toml")], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, work / "engine.log", timeout_s=ENGINES_TIMEOUT_S)
+    except BaseException:
+        proc.kill()
+        raise
+    return url, proc
+
+
 def _change_engines(run: CellRun, env: dict[str, str], stop: threading.Event) -> None:
-    """An elastic cell: `rl-engines start` once ELASTIC_ADD_AT steps are logged, then, when its engine
-    joined, `rl-engines remove` of it once ELASTIC_REMOVE_AT steps and one after the join are logged."""
-    if run.cell["elastic"] == "off" or not _wait_steps(run.out, ELASTIC_ADD_AT, stop):
+    """An elastic cell: an engine of the run started while `rl` starts, `rl-engines add` of it once
+    ELASTIC_ADD_AT steps are logged, `rl-engines remove` once ELASTIC_REMOVE_AT steps and one after its
+    join are; the engine is stopped (rl does not supervise it) once removed, refused, or the run ended."""
+    model = Path(run.model_path)  # rl writes the configs, then builds a missing model (atomically)
+    if run.cell["elastic"] == "off" or not _wait_for(lambda: (model / "config.json").exists(), stop):
         return
-    code, text = _engines_command(run, env, "start")
-    run.engine_changes.append(("start", code, text, _steps_logged(run.out)))
-    match = re.search(r"\(pid \d+, log \S*inference-(\d+)\.log\)", text)
-    if code != 0 or match is None:
+    if not _wait_for((run.out / "configs" / "inference.toml").exists, stop):
         return
-    if not _wait_steps(run.out, max(ELASTIC_REMOVE_AT, run.engine_changes[-1][3] + 1), stop):
+    try:
+        url, engine = _start_engine(run, env)
+    except AssertionError as e:  # recorded: check_elastic reports it
+        run.engine_changes.append(("engine start", -1, str(e)[-1500:], _steps_logged(run.out)))
         return
-    code, text = _engines_command(run, env, "remove", "--url", f"http://127.0.0.1:{match[1]}")
-    run.engine_changes.append(("remove", code, text, _steps_logged(run.out)))
+    try:
+        if not _wait_for(lambda: _steps_logged(run.out) >= ELASTIC_ADD_AT, stop):
+            return
+        code, text = _engines_command(run, env, "add", "--url", url)
+        run.engine_changes.append(("add", code, text, _steps_logged(run.out)))
+        after_join = max(ELASTIC_REMOVE_AT, run.engine_changes[-1][3] + 1)
+        if code != 0 or not _wait_for(lambda: _steps_logged(run.out) >= after_join, stop):
+            return
+        code, text = _engines_command(run, env, "remove", "--url", url)
+        run.engine_changes.append(("remove", code, text, _steps_logged(run.out)))
+    finally:
+        engine.terminate()
+        try:
+            engine.wait(30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            engine.wait(10)
 
 
 def check_trained(run: CellRun) -> dict[str, float]:
@@ -822,10 +863,9 @@ def elastic_refused(cell: Cell) -> bool:
 
 
 def check_elastic(run: CellRun, orch: list[dict]) -> None:
-    """An elastic cell: where the pool refuses changes, `start` exited 1, its first line the refusal
-    naming the setting (its engine stopped again: no process left), and one engine served throughout;
-    elsewhere `start` and `remove` exited 0 and `inference/engines` per step went 1 -> 2 -> 1. A cell
-    without: no change, one engine."""
+    """An elastic cell: where the pool refuses changes, `add` exited 1, its first line the refusal
+    naming the setting, and one engine served throughout; elsewhere `add` and `remove` exited 0 and
+    `inference/engines` per step went 1 -> 2 -> 1. A cell without: no change, one engine."""
     counts = [m.get("inference/engines") for m in orch]
     changes = [(op, code) for op, code, _, _ in run.engine_changes]
     if run.cell["elastic"] == "off":
@@ -834,10 +874,10 @@ def check_elastic(run: CellRun, orch: list[dict]) -> None:
     if elastic_refused(run.cell):
         line = run.engine_changes[0][2].splitlines()[0] if changes else ""
         named = any(word in line for word in ("weights.transport", "LoRA"))
-        assert changes == [("start", 1)] and "refused" in line and named, run.engine_changes
+        assert changes == [("add", 1)] and "refused" in line and named, run.engine_changes
         assert set(counts) == {1}, f"engines per step {counts}"
         return
-    assert changes == [("start", 0), ("remove", 0)], f"{run.engine_changes}; engines per step {counts}"
+    assert changes == [("add", 0), ("remove", 0)], f"{run.engine_changes}; engines per step {counts}"
     first_two = counts.index(2) if 2 in counts else len(counts)
     assert counts[0] == 1 and 1 in counts[first_two:] and set(counts) == {1, 2}, f"engines per step {counts}"
 
