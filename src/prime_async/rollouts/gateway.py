@@ -177,6 +177,7 @@ class Gateway:
         self.engines = engines
         self.seq_len = seq_len
         self.images = images  # places a prompt's images (a VLM); None: prompts with images are refused
+        self._expansion_warned = False
         self.host = host
         self.port = port
         self.sessions: dict[str, GatewaySession] = {}
@@ -305,9 +306,10 @@ class Gateway:
             raise GatewayError(400, str(e)) from e
         if len(expanded) > self.seq_len:
             image_tokens = sum(n for _, n in placed.spans)
+            count = len(placed.spans)
             raise GatewayError(400, f"Prompt length ({len(expanded)}) exceeds maximum context length "
-                               f"({self.seq_len}): {image_tokens} of its tokens are its {len(placed.spans)} "
-                               "images'")  # fmt: skip
+                               f"({self.seq_len}): {image_tokens} of its tokens come from its {count} "
+                               f"image{'s' if count != 1 else ''}")  # fmt: skip
         return expanded, ImagePrompt(engine_ids=list(prompt_ids), images=placed)
 
     async def _replay(
@@ -375,9 +377,20 @@ class Gateway:
         if len(result.output_logprobs) != len(result.output_ids) or bad:
             session.num_errors += 1
             raise GatewayError(502, f"engine {engine.base_url} returned misaligned or non-finite logprobs")
+        if images is not None:
+            self._check_expansion(engine.base_url, len(prompt_ids), result.prompt_tokens)
         if record:
             self._record(session, prompt_ids, result, images)
         return result
+
+    def _check_expansion(self, url: str, expanded: int, counted: int) -> None:
+        """Warn once when an engine counts an image prompt's tokens otherwise than the gateway expanded it
+        (another image processor: its logprobs would not be the trainer's)."""
+        if counted in (0, expanded) or self._expansion_warned:
+            return
+        self._expansion_warned = True
+        logger.warning("engine %s counts %d prompt tokens for an image prompt the gateway expanded to %d: "
+                       "its image processor differs from the model's", url, counted, expanded)  # fmt: skip
 
     async def _wait_engines(self, session: GatewaySession, engine: EngineClient, error: Exception) -> None:
         """Hold a call an outage failed until the gate says the engines are back (its deadline)."""
