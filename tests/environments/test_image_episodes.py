@@ -127,7 +127,9 @@ def test_placer_refuses_a_sampled_video_placeholder(tiny_vlm_model_dir: Path) ->
         placer.place([1, int(placer.video_token_id)], [])
 
 
-def test_a_text_model_refuses_images_and_a_recorded_call_keeps_them(tiny_vlm_model_dir: Path) -> None:
+def test_a_text_model_refuses_images_and_a_recorded_call_keeps_them(
+    tiny_vlm_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from prime_async.orchestrator.carry import decode_call, encode_call
     from prime_async.rollouts.gateway import Gateway, GatewayError
 
@@ -148,6 +150,8 @@ def test_a_text_model_refuses_images_and_a_recorded_call_keeps_them(tiny_vlm_mod
     (recorded,) = next(iter(gateway.sessions.values())).calls
     assert recorded.images is not None and recorded.images.engine_ids == [1, placer.image_token_id, 2]
     assert decode_call(encode_call(recorded)) == recorded
+    # the scripted engine counts the unexpanded prompt (3 tokens): another expansion than the gateway's
+    assert "counts 3 prompt tokens for an image prompt the gateway expanded to 6" in caplog.text
 
 
 def _png_bytes() -> bytes:

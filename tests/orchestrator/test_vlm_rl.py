@@ -46,6 +46,7 @@ def test_the_tiny_vlm_trains_with_images_in_two_turns(tiny_vlm_model_dir: Path, 
     assert orch[-1]["env/image-shapes/episodes/error"] >= 1 and errors, "the corrupt images' episodes"
     assert all("on example" in line for line in errors)
     assert "does not decode" in logs["orchestrator"]
+    assert "image processor differs" not in logs["orchestrator"], "the engine expands images as the gateway"
 
 
 @pytest.mark.slow
