@@ -96,9 +96,6 @@ STEPS, KILL_STEPS, KILL_AT = 4, 6, 2  # a kill lands once KILL_AT orchestrator s
 # an elastic cell adds an engine once ELASTIC_ADD_AT steps are logged and removes it once ELASTIC_REMOVE_AT
 # are (and one step after its join): ELASTIC_STEPS leave room for the join's load and the leave's drain
 ELASTIC_STEPS, ELASTIC_ADD_AT, ELASTIC_REMOVE_AT = 16, 2, 4
-# the LoRA targets of a vlm cell: the language model's attention only (the tower's is `attn.qkv`/`attn.proj`,
-# its MLPs are named like the decoder's, and the engines refuse an adapter on the tower: docs/vlm.md)
-VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 Cell = dict[str, Any]
@@ -171,8 +168,6 @@ def _model(cell: Cell, model_dir: str) -> dict[str, str]:
 def _lora_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) -> None:
     if cell["lora"] == "on":
         cfg["lora"] = {"rank": 4, "alpha": 8.0}
-    if cell["lora"] == "on" and cell["model"] == "vlm":
-        cfg["lora"]["target_modules"] = VLM_LORA_TARGETS
 
 
 def _teacher_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) -> None:
