@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elastic_engines import ELASTIC_STEPS, ENGINES_TIMEOUT_S, change_engines
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # The values of each option the matrix crosses; the first value of each is its default in a cell.
@@ -70,7 +72,7 @@ DIMENSIONS: dict[str, list[Any]] = {
     "probe": ["off", "on"],  # weights.probe.enabled: the check after every weight load
     "stop_on_alarm": ["off", "on"],  # trainer.health.stop_on_alarm: a health alarm ends the run
     "model": ["tiny", "vlm"],  # vlm: model.build = "tiny_vlm" (docs/vlm.md), trained on image-shapes (TIE)
-    "elastic": ["off", "on"],  # on: `rl-engines add` an engine at ELASTIC_ADD_AT, `remove` it at _REMOVE_AT
+    "elastic": ["off", "on"],  # on: `rl-engines add`, then `remove`, of an engine (elastic_engines.py)
 }
 # A cell has env = image_shapes exactly when it has model = vlm: the vlm cells train on images (two per
 # episode, as configs/tiny/rl_vlm.toml), the text model cannot. The pairs that break the tie are not crossed.
@@ -93,9 +95,6 @@ ENVS: dict[str, dict[str, Any]] = {
 MIX_PARTNER = {"id": "calculator", "name": "mix-calculator", "args": {"num_examples": 32}}
 EVAL_ENV = {"id": "reverse-text", "name": "heldout", "args": {"num_examples": 4, "seed": 123}}
 STEPS, KILL_STEPS, KILL_AT = 4, 6, 2  # a kill lands once KILL_AT orchestrator steps are logged
-# an elastic cell adds an engine once ELASTIC_ADD_AT steps are logged and removes it once ELASTIC_REMOVE_AT
-# are (and one step after its join): ELASTIC_STEPS leave room for the join's load and the leave's drain
-ELASTIC_STEPS, ELASTIC_ADD_AT, ELASTIC_REMOVE_AT = 16, 2, 4
 
 
 Cell = dict[str, Any]
@@ -503,101 +502,9 @@ def processes_of(out: Path, component: str) -> list[str]:
     return found
 
 
-ENGINES_TIMEOUT_S = 150  # each `rl-engines` command's deadline (--timeout-s), and an engine's start
-
-
-def _engines_command(run: CellRun, env: dict[str, str], *args: str) -> tuple[int, str]:
-    """`rl-engines ARGS --run OUT`: its exit status and output. Exit 2 while no orchestrator runs (a
-    kill's restart between two lifetimes) is tried again for up to ENGINES_TIMEOUT_S."""
-    cmd = [sys.executable, "-m", "prime_async.entrypoints.rl_engines", *args, "--run", str(run.out),
-           "--timeout-s", str(ENGINES_TIMEOUT_S)]  # fmt: skip
-    deadline = time.monotonic() + ENGINES_TIMEOUT_S
-    while True:
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=ENGINES_TIMEOUT_S + 20)  # fmt: skip
-        except subprocess.TimeoutExpired as e:
-            return -1, f"rl-engines {args[0]} timed out: {e.stdout!r} {e.stderr!r}"
-        text = (proc.stdout + proc.stderr).strip()
-        if proc.returncode != 2 or "no orchestrator is running" not in text or time.monotonic() > deadline:
-            return proc.returncode, text
-        time.sleep(0.5)
-
-
-def _steps_logged(out: Path) -> int:
-    from proc_helpers import read_jsonl
-
-    return len(read_jsonl(out / "metrics" / "orchestrator.jsonl"))
-
-
-def _wait_for(ready: Any, stop: threading.Event) -> bool:
-    """Whether `ready()` held before `stop` (rl exited)."""
-    while not ready():
-        if stop.wait(0.1):
-            return False
-    return True
-
-
-def _start_engine(run: CellRun, env: dict[str, str]) -> tuple[str, subprocess.Popen]:
-    """An embedded engine of the run (`inference` with the run's `configs/inference.toml`: its model and
-    run id) on a free port, its own output_dir and log beside the run, healthy; it carries the run's
-    marker, so one left running is a leftover."""
-    import tomllib
-
-    import tomli_w
-
-    from proc_helpers import free_port, wait_healthy
-
-    work = run.out.parent / "elastic-engine"
-    work.mkdir(exist_ok=True)
-    cfg = tomllib.loads((run.out / "configs" / "inference.toml").read_text())
-    port = free_port()
-    cfg["output_dir"], cfg["server"]["port"] = str(work), port
-    (work / "inference.toml").write_text(tomli_w.dumps(cfg))
-    with (work / "engine.log").open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "prime_async.entrypoints.inference", "@",
-                                 str(work / "inference.toml")], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, work / "engine.log", timeout_s=ENGINES_TIMEOUT_S)
-    except BaseException:
-        proc.kill()
-        raise
-    return url, proc
-
-
 def _change_engines(run: CellRun, env: dict[str, str], stop: threading.Event) -> None:
-    """An elastic cell: an engine of the run started while `rl` starts, `rl-engines add` of it once
-    ELASTIC_ADD_AT steps are logged, `rl-engines remove` once ELASTIC_REMOVE_AT steps and one after its
-    join are; the engine is stopped (rl does not supervise it) once removed, refused, or the run ended."""
-    model = Path(run.model_path)  # rl writes the configs, then builds a missing model (atomically)
-    if run.cell["elastic"] == "off" or not _wait_for(lambda: (model / "config.json").exists(), stop):
-        return
-    if not _wait_for((run.out / "configs" / "inference.toml").exists, stop):
-        return
-    try:
-        url, engine = _start_engine(run, env)
-    except AssertionError as e:  # recorded: check_elastic reports it
-        run.engine_changes.append(("engine start", -1, str(e)[-1500:], _steps_logged(run.out)))
-        return
-    try:
-        if not _wait_for(lambda: _steps_logged(run.out) >= ELASTIC_ADD_AT, stop):
-            return
-        code, text = _engines_command(run, env, "add", "--url", url)
-        run.engine_changes.append(("add", code, text, _steps_logged(run.out)))
-        after_join = max(ELASTIC_REMOVE_AT, run.engine_changes[-1][3] + 1)
-        if code != 0 or not _wait_for(lambda: _steps_logged(run.out) >= after_join, stop):
-            return
-        code, text = _engines_command(run, env, "remove", "--url", url)
-        run.engine_changes.append(("remove", code, text, _steps_logged(run.out)))
-    finally:
-        engine.terminate()
-        try:
-            engine.wait(30)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-            engine.wait(10)
+    if run.cell["elastic"] == "on":  # elastic_engines.py: the engine it starts, adds, removes and stops
+        change_engines(run.out, Path(run.model_path), env, stop, run.engine_changes)
 
 
 def check_trained(run: CellRun) -> dict[str, float]:
