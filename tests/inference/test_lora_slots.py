@@ -46,7 +46,9 @@ class SlotEngine:
     async def update_weight_version(self, version: int) -> None:
         self.version = version
 
-    async def generate(self, input_ids, sampling_params, rid=None, lora_path=None) -> GenerateResult:
+    async def generate(
+        self, input_ids, sampling_params, rid=None, lora_path=None, image_data=None
+    ) -> GenerateResult:
         version = int(lora_path[1:]) if lora_path else 0
         await self.release.setdefault(version, asyncio.Event()).wait()
         return GenerateResult(rid or "", [1], [-0.1], [version], "stop", len(input_ids), version)
