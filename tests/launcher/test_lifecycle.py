@@ -125,7 +125,7 @@ def test_component_killed_ends_every_process(tiny_model_dir: Path, tmp_path: Pat
 
 
 def test_exception_in_rl_ends_every_process(tiny_model_dir: Path, tmp_path: Path, mark: str) -> None:
-    proc = _start_rl(tmp_path / "run", tiny_model_dir, mark, "--startup-timeout-s", "1")
+    proc = _start_rl(tmp_path / "run", tiny_model_dir, mark, "--launch.startup-timeout-s", "1")
     output = _assert_nothing_survives(proc, mark, expect_status=None)
     assert proc.returncode != 0 and "not healthy" in output
 
