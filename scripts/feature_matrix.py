@@ -75,7 +75,7 @@ INTRO = [  # the table's preamble: what a cell runs and what its checks assert
     "a placeholder without an image), so prompts lost are those of errored groups. An `elastic = on`",
     "cell starts an engine of the run beside `rl` (its inference config and run id), runs",
     "`rl-engines add` of it once 2 steps are logged and `rl-engines remove` once 4 are (and one",
-    "after its join), in 16 steps, then stops it (`rl` does not supervise it): both commands exit 0",
+    "after its join), in 32 steps, then stops it (`rl` does not supervise it): both commands exit 0",
     "and `inference/engines` per step goes 1 -> 2 -> 1; where the pool refuses changes",
     "(`weights.transport = 'distributed'`, LoRA; docs/elastic.md) `add` exits 1 with the refusal",
     "as its first line, and the run trains on one engine.",

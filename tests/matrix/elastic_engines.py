@@ -2,8 +2,8 @@
 engine of the run started beside `rl` (the run's `configs/inference.toml`: its model and run id; an engine
 takes ~20 s to start on 2 busy cores, longer than the tiny run's steps, so one `rl-engines start` started
 once 2 steps are logged would join after the run), `rl-engines add` of it once ELASTIC_ADD_AT orchestrator
-steps are logged, `rl-engines remove` once ELASTIC_REMOVE_AT steps and one after its join are, then
-stopped (`rl` does not supervise it).
+steps are logged, `rl-engines remove` once ELASTIC_REMOVE_AT steps and one after its join are (both as the
+command does them, in this process), then stopped (`rl` does not supervise it).
 
 Invariants: every wait has a deadline or ends with the run (`stop`); the engine carries the run's marker
 in its environment, so one left running is a leftover of the cell; each command's exit status and output
@@ -21,26 +21,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # ELASTIC_STEPS (an elastic cell's max_steps) leave room for the join's load and the leave's drain
-ELASTIC_STEPS, ELASTIC_ADD_AT, ELASTIC_REMOVE_AT = 16, 2, 4
+ELASTIC_STEPS, ELASTIC_ADD_AT, ELASTIC_REMOVE_AT = 32, 2, 4
 ENGINES_TIMEOUT_S = 150  # each `rl-engines` command's deadline (--timeout-s), and an engine's start
 
 
-def _engines_command(out: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
-    """`rl-engines ARGS --run OUT`: its exit status and output. Exit 2 while no orchestrator runs (a
-    kill's restart between two lifetimes) is tried again for up to ENGINES_TIMEOUT_S."""
-    cmd = [sys.executable, "-m", "prime_async.entrypoints.rl_engines", *args, "--run", str(out),
-           "--timeout-s", str(ENGINES_TIMEOUT_S)]  # fmt: skip
+def _engines_command(out: Path, op: str, url: str) -> tuple[int, str]:
+    """What `rl-engines OP --url URL --run OUT` does, called in this process (the command's own
+    `engines_command.change`: the pool's request files), as (exit status, output): 0 done, 1 refused, 2 no
+    orchestrator running. A command's interpreter start-up (seconds on a busy machine) is longer than a
+    tiny run's steps, so the subprocess would miss the run; the command itself is tested in
+    tests/launcher/test_engines_command.py and tests/orchestrator/test_elastic_rl.py. No orchestrator
+    running (a kill's restart between two lifetimes) is tried again for up to ENGINES_TIMEOUT_S."""
+    from prime_async.launcher import engines_command
+    from prime_async.orchestrator.engine_requests import EngineRequest
+
+    request = EngineRequest.parse({"op": op, "url": url, "api_key": None, "timeout_s": ENGINES_TIMEOUT_S})
     deadline = time.monotonic() + ENGINES_TIMEOUT_S
     while True:
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=ENGINES_TIMEOUT_S + 20)  # fmt: skip
-        except subprocess.TimeoutExpired as e:
-            return -1, f"rl-engines {args[0]} timed out: {e.stdout!r} {e.stderr!r}"
-        text = (proc.stdout + proc.stderr).strip()
-        if proc.returncode != 2 or "no orchestrator is running" not in text or time.monotonic() > deadline:
-            return proc.returncode, text
-        time.sleep(0.5)
+            result = engines_command.change(out, request)
+        except ValueError as e:  # no engines/live.json: no orchestrator runs there now
+            if time.monotonic() > deadline:
+                return 2, f"rl-engines: {e}"
+            time.sleep(0.2)
+            continue
+        return (0 if result.ok else 1), result.message
 
 
 def _steps_logged(out: Path) -> int:
@@ -104,12 +109,12 @@ def change_engines(out: Path, model: Path, env: dict[str, str], stop: threading.
     try:
         if not _wait_for(lambda: _steps_logged(out) >= ELASTIC_ADD_AT, stop):
             return
-        code, text = _engines_command(out, env, "add", "--url", url)
+        code, text = _engines_command(out, "add", url)
         changes.append(("add", code, text, _steps_logged(out)))
         after_join = max(ELASTIC_REMOVE_AT, changes[-1][3] + 1)
         if code != 0 or not _wait_for(lambda: _steps_logged(out) >= after_join, stop):
             return
-        code, text = _engines_command(out, env, "remove", "--url", url)
+        code, text = _engines_command(out, "remove", url)
         changes.append(("remove", code, text, _steps_logged(out)))
     finally:
         engine.terminate()
