@@ -48,6 +48,20 @@ def test_publish_loadable_and_retention(model, tiny_model_dir: Path, tmp_path: P
     AutoTokenizer.from_pretrained(root / "step_5")  # tokenizer files travel with the weights
 
 
+def test_a_vlm_broadcast_carries_its_image_processor(tiny_vlm_model_dir: Path, tmp_path: Path) -> None:
+    """A restarted engine serves the newest broadcast as its model: a VLM's needs the processor files."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoImageProcessor
+
+    config = AutoConfig.from_pretrained(tiny_vlm_model_dir)
+    pub = BroadcastWriter(
+        output_dir=tmp_path, model_config=config, source_dir=tiny_vlm_model_dir, keep_last=2
+    )
+    path = pub.publish(load_file(tiny_vlm_model_dir / "model.safetensors"), 1)
+    assert (path / "processor_config.json").is_file()
+    AutoImageProcessor.from_pretrained(path)  # what the engine's image inputs load (inference/images.py)
+
+
 def _step(model, opt, sched) -> None:
     model(input_ids=torch.arange(8)[None], labels=torch.arange(8)[None]).loss.backward()
     opt.step()

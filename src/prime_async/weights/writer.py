@@ -7,8 +7,8 @@ Invariants:
 - a version directory is written under `broadcasts/.tmp_step_{n}`, `STABLE` is written last inside it, then
   it is renamed to `step_{n}`: a reader that sees `step_{n}/STABLE` sees complete files;
 - it holds `model.safetensors` (tied weights stored once, as `save_pretrained` does), `config.json`,
-  `generation_config.json` and the tokenizer files of the source model: loadable by transformers'
-  `from_pretrained` and SGLang's `/update_weights_from_disk`;
+  `generation_config.json` and the tokenizer files (a VLM's processor files too) of the source model:
+  loadable by transformers' `from_pretrained` and SGLang's `/update_weights_from_disk`;
 - with LoRA (`publish_adapter`) a version directory is a PEFT adapter directory instead:
   `adapter_config.json` + `adapter_model.safetensors` (+ `STABLE`), written by the same tmp-rename rule;
 - retention: the `keep_last` (>= 2) newest versions are never deleted, so the version the orchestrator is
@@ -48,6 +48,11 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "added_tokens.json",
     "generation_config.json",
+    # a vision-language model's processor: a restarted engine serving a broadcast loads it from there
+    "processor_config.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "chat_template.json",
 )
 
 
