@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import itertools
 import os
 import re
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elastic_engines import ELASTIC_STEPS, ENGINES_TIMEOUT_S, change_engines
+from elastic_engines import ELASTIC_STEPS, ENGINES_TIMEOUT_S, Engine, change_engines, start_engine_before
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -189,8 +190,14 @@ def _kill_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) 
         cfg["orchestrator"]["data"] = {"ckpt": {"interval": 1}}
 
 
+def _elastic_section(cell: Cell, cfg: dict[str, Any], ports: tuple[int, int, int]) -> None:
+    # the engine started before `rl` reports the run's id (elastic_engines.py)
+    if cell["elastic"] == "on":
+        cfg["run_id"] = "matrix-elastic-" + hashlib.sha1(cell_id(cell).encode()).hexdigest()[:12]
+
+
 # the sections of options that add more than one value to the base config, applied in this order
-OPTION_SECTIONS = (_lora_section, _teacher_section, _eval_section, _kill_section)
+OPTION_SECTIONS = (_lora_section, _teacher_section, _eval_section, _kill_section, _elastic_section)
 
 
 def moe_model_dir(model_dir: str) -> str:
@@ -358,6 +365,7 @@ class CellRun:
     leftovers: list[str] = field(default_factory=list)
     # the `rl-engines` commands of an elastic cell: (op, exit status, output, orchestrator steps logged after)
     engine_changes: list[tuple[str, int, str, int]] = field(default_factory=list)
+    engine: Engine | None = None  # an elastic cell's engine, started before `rl`
 
 
 def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> CellRun:
@@ -377,6 +385,7 @@ def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> Ce
     stop = threading.Event()
     seen: dict[int, str] = {}  # pid -> start time of every process seen in rl's tree
     start = time.monotonic()
+    run.engine = start_engine_before(config, work, env) if cell["elastic"] == "on" else None
     proc = subprocess.Popen([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     threads = [threading.Thread(target=_kill_at, args=(run, stop), daemon=True),
@@ -503,8 +512,8 @@ def processes_of(out: Path, component: str) -> list[str]:
 
 
 def _change_engines(run: CellRun, env: dict[str, str], stop: threading.Event) -> None:
-    if run.cell["elastic"] == "on":  # elastic_engines.py: the engine it starts, adds, removes and stops
-        change_engines(run.out, Path(run.model_path), env, stop, run.engine_changes)
+    if run.engine is not None:  # elastic_engines.py: the engine started before rl, added, removed, stopped
+        change_engines(run.out, run.engine, stop, run.engine_changes)
 
 
 def check_trained(run: CellRun) -> dict[str, float]:

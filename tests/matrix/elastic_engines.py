@@ -1,9 +1,10 @@
 """The engine of an elastic feature-matrix cell (`cells.py`, `elastic = on`; docs/elastic.md): an embedded
-engine of the run started beside `rl` (the run's `configs/inference.toml`: its model and run id; an engine
-takes ~20 s to start on 2 busy cores, longer than the tiny run's steps, so one `rl-engines start` started
-once 2 steps are logged would join after the run), `rl-engines add` of it once ELASTIC_ADD_AT orchestrator
-steps are logged, `rl-engines remove` once ELASTIC_REMOVE_AT steps and one after its join are (both as the
-command does them, in this process), then stopped (`rl` does not supervise it).
+engine of the run started and healthy before `rl` starts (the inference config `rl` resolves from the cell's
+config, whose `run_id` the cell sets; an engine takes ~20 s to start on 2 busy cores, longer than the tiny
+run's steps, so one `rl-engines start` started once 2 steps are logged would join after the run),
+`rl-engines add` of it once ELASTIC_ADD_AT orchestrator steps are logged, `rl-engines remove` once
+ELASTIC_REMOVE_AT steps and one after its join are (both as the command does them, in this process), then
+stopped (`rl` does not supervise it).
 
 Invariants: every wait has a deadline or ends with the run (`stop`); the engine carries the run's marker
 in its environment, so one left running is a leftover of the cell; each command's exit status and output
@@ -17,7 +18,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 # ELASTIC_STEPS (an elastic cell's max_steps) leave room for the join's load and the leave's drain
@@ -62,64 +65,74 @@ def _wait_for(ready: Callable[[], bool], stop: threading.Event) -> bool:
     return True
 
 
-def _start_engine(out: Path, env: dict[str, str]) -> tuple[str, subprocess.Popen]:
-    """An embedded engine of the run (`inference` with the run's `configs/inference.toml`: its model and
-    run id) on a free port, its own output_dir and log beside the run, healthy; it carries the run's
-    marker, so one left running is a leftover."""
-    import tomllib
+@dataclass
+class Engine:
+    """The elastic cell's engine: its URL and process, or why it did not start (recorded as a change)."""
 
+    url: str = ""
+    proc: subprocess.Popen | None = None
+    error: str = ""
+
+
+def start_engine_before(config: dict[str, Any], work: Path, env: dict[str, str]) -> Engine:
+    """An embedded engine of the cell's run, started and healthy before `rl` starts: the inference config
+    `rl` resolves from the cell's config (its model and `run_id`, set by the cell), on a port of its own, its
+    own output_dir and log. Started first because an engine's start-up (~20 s on a loaded 2-core machine)
+    outlasts a tiny run's steps; it carries the run's marker, so one left running is a leftover."""
     import tomli_w
 
+    from prime_async.config.rl import RLConfig
+    from prime_async.launcher.rl import ensure_model
     from proc_helpers import free_port, wait_healthy
 
-    work = out.parent / "elastic-engine"
-    work.mkdir(exist_ok=True)
-    cfg = tomllib.loads((out / "configs" / "inference.toml").read_text())
+    cfg = RLConfig.model_validate(config)
+    ensure_model(cfg)  # a vlm cell's model may not be built yet (atomic, whoever builds first)
+    engine_dir = work / "elastic-engine"
+    engine_dir.mkdir(exist_ok=True)
+    engine_cfg = cfg.inference.model_dump(mode="json", exclude_none=True)
     port = free_port()
-    cfg["output_dir"], cfg["server"]["port"] = str(work), port
-    (work / "inference.toml").write_text(tomli_w.dumps(cfg))
-    with (work / "engine.log").open("w") as log:
+    engine_cfg["output_dir"], engine_cfg["server"]["port"] = str(engine_dir), port
+    (engine_dir / "inference.toml").write_text(tomli_w.dumps(engine_cfg))
+    with (engine_dir / "engine.log").open("w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "prime_async.entrypoints.inference", "@",
-                                 str(work / "inference.toml")], cwd=ROOT, env=env, stdout=log,
+                                 str(engine_dir / "inference.toml")], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    engine = Engine(url=f"http://127.0.0.1:{port}", proc=proc)
     try:
-        wait_healthy(url, proc, work / "engine.log", timeout_s=ENGINES_TIMEOUT_S)
-    except BaseException:
-        proc.kill()
-        raise
-    return url, proc
-
-
-def change_engines(out: Path, model: Path, env: dict[str, str], stop: threading.Event,
-                   changes: list[tuple[str, int, str, int]]) -> None:  # fmt: skip
-    """Start the engine once the run's model and configs exist, add it, remove it (module docstring),
-    recording each command as (op, exit status, output, steps logged after) in `changes`; the engine is
-    stopped once removed, refused, or the run ended."""
-    # rl writes the configs, then builds a missing model (atomically)
-    if not _wait_for(lambda: (model / "config.json").exists(), stop):
-        return
-    if not _wait_for((out / "configs" / "inference.toml").exists, stop):
-        return
-    try:
-        url, engine = _start_engine(out, env)
+        wait_healthy(engine.url, proc, engine_dir / "engine.log", timeout_s=ENGINES_TIMEOUT_S)
     except AssertionError as e:  # recorded: check_elastic reports it
-        changes.append(("engine start", -1, str(e)[-1500:], _steps_logged(out)))
-        return
+        engine.error = str(e)[-1500:]
+    return engine
+
+
+def change_engines(out: Path, engine: Engine, stop: threading.Event,
+                   changes: list[tuple[str, int, str, int]]) -> None:  # fmt: skip
+    """Add the engine once ELASTIC_ADD_AT steps are logged, remove it (module docstring), recording each
+    command as (op, exit status, output, steps logged after) in `changes`; the engine is stopped once
+    removed, refused, or the run ended."""
     try:
+        if engine.error:
+            changes.append(("engine start", -1, engine.error, 0))
+            return
         if not _wait_for(lambda: _steps_logged(out) >= ELASTIC_ADD_AT, stop):
             return
-        code, text = _engines_command(out, "add", url)
+        code, text = _engines_command(out, "add", engine.url)
         changes.append(("add", code, text, _steps_logged(out)))
         after_join = max(ELASTIC_REMOVE_AT, changes[-1][3] + 1)
         if code != 0 or not _wait_for(lambda: _steps_logged(out) >= after_join, stop):
             return
-        code, text = _engines_command(out, "remove", url)
+        code, text = _engines_command(out, "remove", engine.url)
         changes.append(("remove", code, text, _steps_logged(out)))
     finally:
-        engine.terminate()
-        try:
-            engine.wait(30)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-            engine.wait(10)
+        _stop_engine(engine)
+
+
+def _stop_engine(engine: Engine) -> None:
+    if engine.proc is None:
+        return
+    engine.proc.terminate()
+    try:
+        engine.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        engine.proc.kill()
+        engine.proc.wait(10)
