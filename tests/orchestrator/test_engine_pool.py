@@ -95,6 +95,19 @@ def test_joining_engine_is_loaded_with_the_served_version_before_it_is_routed(tm
     asyncio.run(go())
 
 
+def test_an_engine_joining_a_run_at_version_0_loads_the_runs_model(tmp_path: Path):
+    """A run rolled back to step 0 (a restart without a checkpoint) serves v0, which no broadcast holds;
+    an engine that an earlier lifetime loaded with v1 joins again with the run's own model."""
+
+    async def go():
+        new = FakeEngine("http://e1", version=1)
+        world = World(tmp_path, {"http://e1": new}, served=0)
+        result = await world.pool.handle(EngineRequest("add", "http://e1", timeout_s=5))
+        assert result.ok and new.loads == [(str(world.pool.cfg.model.path), 0)], (result, new.loads)
+
+    asyncio.run(go())
+
+
 def test_foreign_engine_or_one_that_dies_while_joining_is_dropped_with_one_line(tmp_path: Path, caplog):
     async def go():
         foreign, dying = FakeEngine("http://x", run_id="other"), FakeEngine("http://d", die_on_load=True)

@@ -171,13 +171,21 @@ class EnginePool:
         async with self.watcher.pin:  # no update runs while it loads: it joins at the served version
             served = self.admission.served_version
             if await client.weight_version() != served:
-                await self.watcher.loader.load([client], served, flush_cache=True)
+                await self._load(client, served)
             reported = await client.weight_version()
             if reported != served:
                 raise RuntimeError(f"it serves weight version {reported} after loading v{served}")
             self.engines.append(client)
             self._resize()
         return served
+
+    async def _load(self, client: EngineClient, version: int) -> None:
+        """Load `version` into a joining engine: v0 is the run's model itself (no broadcast holds it; a run
+        rolled back to step 0 serves it again while the joiner may still serve a later version)."""
+        if version == 0:
+            await client.update_weights_from_disk(str(self.cfg.model.path), 0, flush_cache=True)
+        else:
+            await self.watcher.loader.load([client], version, flush_cache=True)
 
     async def remove(self, req: EngineRequest) -> str:
         """Drain, then drop the engine at `req.url` (module docstring); raises (one line) when it cannot."""
