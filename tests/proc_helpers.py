@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+import zygote
 from prime_async.launcher.identity import free_ports
 
 
@@ -37,7 +38,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def wait_healthy(
-    url: str, proc: subprocess.Popen | None, log: Path | None = None, timeout_s: float = 180
+    url: str,
+    proc: zygote.Process | None,
+    log: Path | None = None,
+    timeout_s: float = 180,
 ) -> None:
     """Wait until `url/health` answers 200; fail at once, with the log's tail, if `proc` exits."""
     deadline = time.monotonic() + timeout_s
@@ -52,7 +56,7 @@ def wait_healthy(
     raise AssertionError(f"engine at {url} not healthy after {timeout_s} s")
 
 
-def start_embedded_engine(config_toml: str, work: Path, timeout_s: float) -> tuple[str, subprocess.Popen]:
+def start_embedded_engine(config_toml: str, work: Path, timeout_s: float) -> tuple[str, zygote.Process]:
     """Start `inference @ work/inference.toml` (`config_toml` plus a free `[server] port`), logging to
     `work/engine.log`; returns its URL and process once healthy (the process is killed if it never is)."""
     port = free_port()
@@ -60,7 +64,7 @@ def start_embedded_engine(config_toml: str, work: Path, timeout_s: float) -> tup
     cfg.write_text(f"{config_toml}\n[server]\nport = {port}\n")
     log = work / "engine.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen(
+        proc = zygote.popen(
             [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)],
             stdout=fh,
             stderr=subprocess.STDOUT,

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import zygote
 from prime_async.config.env import EnvConfig
 from prime_async.engine_api import GenerateResult, SamplingParams
 from prime_async.rollouts.renderer_choice import choose_renderer, renderer_for_model
@@ -129,7 +129,7 @@ def _rl_tool_env(tiny_model_dir: Path, tmp_path: Path, runner: str, steps: int =
         "--orchestrator.sampling.max-tokens", "24", "--seq-len", "1024",  # the tools prompt is ~530 tokens
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=840)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log")))
     assert proc.returncode == 0, f"rl exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{logs}"
     orch = read_jsonl(out / "metrics" / "orchestrator.jsonl")

@@ -6,11 +6,12 @@ stops the run and exits non-zero naming the trainer."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +26,7 @@ def test_stop_on_alarm_ends_the_run_non_zero_with_one_line(tiny_model_dir: Path,
         "--trainer.health.window", "3", "--trainer.health.entropy-drop", "2",
         "--trainer.health.stop-on-alarm", "true",
     ]  # fmt: skip
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=480)
+    run = zygote.run(cmd, cwd=ROOT, timeout=480)
     assert run.returncode != 0, run.stderr[-3000:]
     assert "trainer exited with status 2" in run.stderr, run.stderr[-3000:]
     log = (out / "logs" / "trainer.log").read_text().splitlines()

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import torch
 
+import zygote
 from prime_async.config.trainer import MaskLossConfig, TrainerConfig
 from prime_async.testing.synthetic import make_batch
 from prime_async.trainer.fsdp import FsdpBackend
@@ -61,7 +62,7 @@ def lora_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     )
     log = work / "engine.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)],
+        proc = zygote.popen([sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)],
                                 stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+import zygote
 from prime_async.utils.process_tree import alive
 from proc_helpers import wait_healthy
 
@@ -151,10 +152,10 @@ def test_second_run_on_default_ports_is_refused(tiny_model_dir: Path, tmp_path: 
     except BaseException:
         first.kill()
         raise
-    second = subprocess.run(
+    second = zygote.run(
         [sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
          "--output-dir", str(tmp_path / "b"), "--model.path", str(tiny_model_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, timeout=120,
     )  # fmt: skip
     first.send_signal(signal.SIGTERM)
     _assert_nothing_survives(first, mark, expect_status=143)

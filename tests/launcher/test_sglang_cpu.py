@@ -13,13 +13,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from test_lifecycle import MARK, _marked_processes
+
+import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +45,7 @@ def test_rl_on_real_sglang(tiny_model_dir: Path, tmp_path: Path, pause_mode: str
         **os.environ, MARK: mark, "SGLANG_USE_CPU_ENGINE": "1",
         "PYTHONPATH": f"{ROOT / 'scripts' / 'sglang_cpu'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=840)
     survivors = _marked_processes(mark)
     for pid, _ in survivors:
         os.kill(pid, 9)

@@ -50,6 +50,8 @@ from typing import Any
 
 from elastic_engines import ELASTIC_STEPS, ENGINES_TIMEOUT_S, Engine, change_engines, start_engine_before
 
+import zygote
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # The values of each option the matrix crosses; the first value of each is its default in a cell.
@@ -386,15 +388,16 @@ def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> Ce
     seen: dict[int, str] = {}  # pid -> start time of every process seen in rl's tree
     start = time.monotonic()
     run.engine = start_engine_before(config, work, env) if cell["elastic"] == "on" else None
-    proc = subprocess.Popen([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    with (work / "rl.stdout").open("wb") as out_file, (work / "rl.stderr").open("wb") as err_file:
+        proc = zygote.popen([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
+                            env=env, stdout=out_file, stderr=err_file)  # fmt: skip
     threads = [threading.Thread(target=_kill_at, args=(run, stop), daemon=True),
                threading.Thread(target=_watch_tree, args=(proc.pid, seen, stop), daemon=True),
                threading.Thread(target=_change_engines, args=(run, env, stop), daemon=True)]  # fmt: skip
     for thread in threads:
         thread.start()
     try:
-        run.stderr = _stderr_of(proc, timeout_s)
+        run.stderr = _stderr_of(proc, work / "rl.stderr", timeout_s)
     finally:
         stop.set()
         for thread in threads:  # an `rl-engines` command ends within ENGINES_TIMEOUT_S
@@ -406,19 +409,20 @@ def run_cell(cell: Cell, work: Path, *, model_dir: Path, timeout_s: float) -> Ce
     return run
 
 
-def _stderr_of(proc: subprocess.Popen, timeout_s: float) -> str:
+def _stderr_of(proc: zygote.Process, stderr: Path, timeout_s: float) -> str:
     """`proc`'s stderr once it exited; past `timeout_s` it gets SIGTERM (`rl` then ends its components),
     SIGKILL 60 s later, and the stderr says it timed out."""
     try:
-        return proc.communicate(timeout=timeout_s)[1]
+        proc.wait(timeout_s)
+        return stderr.read_text(errors="replace")
     except subprocess.TimeoutExpired:
         proc.terminate()
         try:
-            stderr = proc.communicate(timeout=60)[1]
+            proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            stderr = proc.communicate()[1]
-        return f"{stderr}\n[matrix] rl timed out after {timeout_s:.0f} s"
+            proc.wait()
+        return f"{stderr.read_text(errors='replace')}\n[matrix] rl timed out after {timeout_s:.0f} s"
 
 
 RUN_MARKER = "PRIME_ASYNC_MATRIX_RUN"  # in the environment of every process of a cell's run: its output dir
@@ -822,5 +826,5 @@ def run_refused(cell: Cell, work: Path, *, timeout_s: float = 120) -> subprocess
 
     path = work / "cell.toml"
     path.write_text(tomli_w.dumps(cell_config(cell, out=str(work / "run"))))
-    return subprocess.run([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+    return zygote.run([sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(path)], cwd=ROOT,
+                      timeout=timeout_s)  # fmt: skip

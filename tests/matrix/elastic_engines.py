@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import zygote
+
 ROOT = Path(__file__).resolve().parents[2]
 # ELASTIC_STEPS (an elastic cell's max_steps) leave room for the join's load and the leave's drain
 ELASTIC_STEPS, ELASTIC_ADD_AT, ELASTIC_REMOVE_AT = 32, 2, 4
@@ -70,7 +72,7 @@ class Engine:
     """The elastic cell's engine: its URL and process, or why it did not start (recorded as a change)."""
 
     url: str = ""
-    proc: subprocess.Popen | None = None
+    proc: zygote.Process | None = None
     error: str = ""
 
 
@@ -94,9 +96,9 @@ def start_engine_before(config: dict[str, Any], work: Path, env: dict[str, str])
     engine_cfg["output_dir"], engine_cfg["server"]["port"] = str(engine_dir), port
     (engine_dir / "inference.toml").write_text(tomli_w.dumps(engine_cfg))
     with (engine_dir / "engine.log").open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "prime_async.entrypoints.inference", "@",
-                                 str(engine_dir / "inference.toml")], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = zygote.popen([sys.executable, "-m", "prime_async.entrypoints.inference", "@",
+                             str(engine_dir / "inference.toml")], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)  # fmt: skip
     engine = Engine(url=f"http://127.0.0.1:{port}", proc=proc)
     try:
         wait_healthy(engine.url, proc, engine_dir / "engine.log", timeout_s=ENGINES_TIMEOUT_S)

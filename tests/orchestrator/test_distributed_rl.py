@@ -13,12 +13,12 @@ compares them bit for bit with the filesystem path).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import zygote
 from proc_helpers import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def run_rl(out: Path, model_dir: Path, *extra: str, steps: int) -> None:
         "--model.dtype", "float32",  # engine vs trainer logprobs compared at 1e-9 KL ("auto": bf16 on CUDA)
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=840)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log")))
     assert proc.returncode == 0, f"rl exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{logs}"
 

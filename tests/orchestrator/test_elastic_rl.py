@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import zygote
 from proc_helpers import free_port, read_jsonl, start_embedded_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +26,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_
 STEPS, K, RUN_ID = 24, 1, "elastic-test"
 
 
-def _wait(what: str, ready: Callable[[], bool], rl: subprocess.Popen, timeout_s: float = 300) -> None:
+def _wait(what: str, ready: Callable[[], bool], rl: zygote.Process, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while not ready():
         assert rl.poll() is None, f"rl exited {rl.returncode} while waiting for {what}"
@@ -37,7 +38,7 @@ def _steps_done(out: Path) -> int:
     return len(read_jsonl(out / "metrics" / "orchestrator.jsonl"))
 
 
-def _engine(work: Path, model_dir: Path) -> tuple[str, subprocess.Popen]:
+def _engine(work: Path, model_dir: Path) -> tuple[str, zygote.Process]:
     """An embedded engine of the run (its run id and model), healthy, started before `rl`."""
     work.mkdir(parents=True)
     config = f"""backend = "torch"\noutput_dir = "{work}"\nseq_len = 256\nrun_id = "{RUN_ID}"
@@ -50,8 +51,7 @@ def _engines_cmd(out: Path, *args: str) -> list[str]:
 
 
 def _change(out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(_engines_cmd(out, *args), cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=200)  # fmt: skip
+    return zygote.run(_engines_cmd(out, *args), cwd=ROOT, env=ENV, timeout=200)  # fmt: skip
 
 
 def _first_url(out: Path) -> str:
@@ -66,7 +66,7 @@ def test_rl_engine_joins_at_step_4_and_leaves_at_step_8_one_dies_joining(
     tiny_model_dir: Path, tmp_path: Path
 ):
     out = tmp_path / "run"
-    started: list[subprocess.Popen] = []
+    started: list[zygote.Process] = []
     try:
         (joiner, proc), (dying, dying_proc) = (_engine(tmp_path / n, tiny_model_dir) for n in ("j", "d"))
         started += [proc, dying_proc]
@@ -103,7 +103,7 @@ def test_rl_engine_joins_at_step_4_and_leaves_at_step_8_one_dies_joining(
     assert first >= 4 and f"broadcasts/step_{first} " in loads[0], loads[:2]
 
 
-def _start_rl(out: Path, model_dir: Path) -> subprocess.Popen:
+def _start_rl(out: Path, model_dir: Path) -> zygote.Process:
     cmd = [
         sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
         "--output-dir", str(out), "--model.path", str(model_dir), "--max-steps", str(STEPS),
@@ -111,7 +111,7 @@ def _start_rl(out: Path, model_dir: Path) -> subprocess.Popen:
         "--orchestrator.max-off-policy-steps", str(K), "--orchestrator.sampling.max-tokens", "128",
     ]  # fmt: skip
     with (out.parent / "rl.log").open("w") as log:
-        return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+        return zygote.popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _check_run(out: Path, dying: str) -> None:

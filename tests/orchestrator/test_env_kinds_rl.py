@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import zygote
 from proc_helpers import free_port, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def rl(tmp_path: Path, model_dir: Path, env: dict, *extra: str, steps: int = 2, 
         "--orchestrator.env", json.dumps(env), "--orchestrator.sampling.max-tokens", "8", *extra,
     ]  # fmt: skip
     env_vars = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_vars, capture_output=True, text=True, timeout=timeout)
+    proc = zygote.run(cmd, cwd=ROOT, env=env_vars, timeout=timeout)
     return proc, out
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import zygote
 from prime_async.config.interactions import lora_slots_needed
 from proc_helpers import free_port, read_jsonl
 
@@ -32,7 +32,7 @@ def run_rl(out: Path, model: Path, *args: str) -> None:
         "--orchestrator.max-off-policy-steps", "2", "--orchestrator.admission.max-buffered-groups", "4",
         "--orchestrator.sampling.max-tokens", "128", *args,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=840)
+    proc = zygote.run(cmd, cwd=ROOT, env=ENV, timeout=840)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log")))
     assert proc.returncode == 0, f"rl exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{logs}"
 

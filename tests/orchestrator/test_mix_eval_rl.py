@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from test_env_kinds_rl import BUCKETS, free_port, read_jsonl
+
+import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, BATCH_GROUPS, GROUP_SIZE = 6, 4, 2
@@ -31,7 +32,7 @@ def run_mix(tmp_path: Path, model_dir: Path, *extra: str, timeout: int) -> Path:
         "--inference.server.port", str(free_port()), "--transport.port", str(free_port()), *extra,
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=timeout)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log")))
     assert proc.returncode == 0, f"rl exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{logs}"
     return out

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import zygote
 from proc_helpers import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ def _rl(out: Path, model_dir: Path, teacher: Path, *extra: str) -> subprocess.Co
         "--orchestrator.teacher.model", str(teacher), "--transport.port", "0", "--inference.server.port", "0",
         *extra,
     ]  # fmt: skip
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    return zygote.run(cmd, cwd=ROOT, timeout=400)
 
 
 @pytest.mark.slow

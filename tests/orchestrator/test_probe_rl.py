@@ -4,12 +4,12 @@ every window that loaded a version logs `weights/probe_*` below the thresholds, 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import zygote
 from prime_async.config.probe import WeightProbeConfig
 from proc_helpers import free_port, read_jsonl
 
@@ -27,7 +27,7 @@ def test_a_normal_tiny_run_passes_the_weight_probe_at_every_version(tiny_model_d
         "--weights.probe.enabled", "true",
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=840)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log")))
     assert proc.returncode == 0, f"rl exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{logs}"
 

@@ -11,12 +11,12 @@ paused mid-request. Either way no segment is left in /dev/shm once the run ended
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import zygote
 from prime_async.weights.shared_memory import shm_dir
 from proc_helpers import read_jsonl
 
@@ -32,7 +32,7 @@ def run_rl(out: Path, model_dir: Path, *extra: str, steps: int) -> None:
         "--inference.server.port", "0", "--transport.port", "0", *SHARED, *extra,
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=840)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log")))
     assert proc.returncode == 0, f"rl exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{logs}"
 

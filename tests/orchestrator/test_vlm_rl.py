@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import zygote
 from proc_helpers import free_port, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def test_the_tiny_vlm_trains_with_images_in_two_turns(tiny_vlm_model_dir: Path, 
         "--orchestrator.env", json.dumps(env),
     ]  # fmt: skip
     env_vars = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_vars, capture_output=True, text=True, timeout=540)
+    proc = zygote.run(cmd, cwd=ROOT, env=env_vars, timeout=540)
     logs = {p.stem: p.read_text() for p in sorted((out / "logs").glob("*.log"))}
     tail = "\n".join(text[-3000:] for text in logs.values())
     assert proc.returncode == 0, f"rl exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{tail}"
@@ -60,7 +60,7 @@ def test_the_teacher_scores_image_episodes(tiny_vlm_model_dir: Path, tmp_path: P
         "--output-dir", str(out), "--model.path", str(tiny_vlm_model_dir), "--max-steps", "2",
         "--orchestrator.teacher.model", str(tiny_vlm_model_dir), "--orchestrator.teacher.env-weight", "1",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540)
+    proc = zygote.run(cmd, cwd=ROOT, timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_jsonl(out / "metrics/orchestrator.jsonl")
     assert abs(rows[0]["opd/reverse_kl"]) < 1e-3, rows[0]

@@ -10,13 +10,13 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import zygote
 from proc_helpers import free_port, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def run_rl(
     killer = threading.Thread(target=_killer, args=(run, stop), daemon=True)
     killer.start()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=timeout_s)
     finally:
         stop.set()
         killer.join(10)

@@ -23,6 +23,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+import zygote
 from prime_async.launcher.restart import latest_stable_broadcast
 from prime_async.weights import writer as weights_mod
 from prime_async.weights.broadcasts import BroadcastDir
@@ -79,7 +80,7 @@ def test_engine_refuses_truncated_weights_and_keeps_serving(tiny_model_dir: Path
     log = tmp_path / "inference.log"
     with log.open("w") as fh:
         argv = [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)]
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
+        proc = zygote.popen(argv, stdout=fh, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)

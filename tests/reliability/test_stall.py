@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 from reliability_soak import ROOT, _component_pid
 
+import zygote
 from prime_async.utils import stall
 from prime_async.utils.stall import StallWatch
 from proc_helpers import free_port, read_jsonl
@@ -76,7 +76,7 @@ def test_each_stopped_component_is_reported_within_the_deadline(tiny_model_dir: 
     stopper = threading.Thread(target=_stopper, args=(out, flag), daemon=True)
     stopper.start()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+        proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=540)
     finally:
         flag.set()
         stopper.join(10)

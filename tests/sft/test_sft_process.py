@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+import zygote
 from proc_helpers import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def _config(tmp: Path, model_dir: Path, data: Path) -> Path:
 
 def _sft(config: Path, out: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "prime_async.entrypoints.sft", "@", str(config), "--output-dir", str(out)]
-    return subprocess.run([*cmd, *extra], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return zygote.run([*cmd, *extra], cwd=ROOT, timeout=timeout)
 
 
 @pytest.mark.slow
@@ -69,11 +70,11 @@ def test_sft_resumes_exactly_and_rl_starts_from_its_output(tiny_model_dir: Path,
     b = load_file(tmp_path / "split/final/model.safetensors")
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
 
-    rl = subprocess.run(
+    rl = zygote.run(
         [sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl.toml"),
          "--model.path", str(tmp_path / "whole/final"), "--max-steps", "2",
          "--output-dir", str(tmp_path / "rl"), "--transport.port", "0", "--inference.server.port", "0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, timeout=300,
     )  # fmt: skip
     assert rl.returncode == 0, rl.stderr[-3000:]
     assert [m["step"] for m in read_jsonl(tmp_path / "rl/metrics/trainer.jsonl")] == [0, 1]

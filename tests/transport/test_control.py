@@ -21,6 +21,7 @@ import msgspec
 import pytest
 import torch
 
+import zygote
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.config.trainer import TrainerConfig
 from prime_async.transport.wire import WireError
@@ -83,7 +84,7 @@ def engine_url(tiny_model_dir: Path, tmp_path: Path):
     )
     log = (tmp_path / "engine.log").open("w")
     cmd = [sys.executable, "-m", "prime_async.entrypoints.inference", "@", str(cfg)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = zygote.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 900

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import os
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ import zmq
 import zmq.auth
 from test_curve import _foreign_socket
 
+import zygote
 from prime_async.transport.wire import Request, encode_message
 from prime_async.weights.control import Hello, Published, encode
 from proc_helpers import read_jsonl
@@ -101,7 +101,7 @@ def test_rl_run_with_curve_trains_every_batch_while_a_foreign_client_hammers(
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     foreign = ForeignClient(out)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+        proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=840)
     finally:
         foreign.stop()
     logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log")))
