@@ -58,6 +58,7 @@ _PRELOADED = ("rl", "inference", "trainer", "orchestrator", "rl_engines")  # ent
 _ENV_ROOM = 65536  # spare bytes in the zygote's environment block, for its children's (`_show_environment`)
 _ARGV_PAD = 4096  # bytes of the zygote's argv area: room for the titles of rl's forked components
 _START_TIMEOUT_S = 300.0
+_BASE_PATH: list[str] = []  # the zygote's sys.path without its script directory and PYTHONPATH
 _lock = threading.Lock()
 _server: tuple[subprocess.Popen, str] | None = None
 
@@ -68,9 +69,10 @@ _server: tuple[subprocess.Popen, str] | None = None
 class ZygoteProcess:
     """A command's process forked by the zygote, with the part of `subprocess.Popen` the tests use."""
 
-    def __init__(self, conn: socket.socket, pid: int, args: list[str]) -> None:
+    def __init__(self, conn: socket.socket, pid: int, args: list[str], pipes: dict[str, _Collector]) -> None:
         self._conn = conn
         self._buffer = b""
+        self._pipes = pipes  # "stdout"/"stderr" given as PIPE: read into memory as the child writes
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
@@ -88,6 +90,12 @@ class ZygoteProcess:
             with contextlib.suppress(TimeoutError):
                 self._read(block=True)
         return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """What `Popen.communicate` gives with `text=True` (None for a stream not given as PIPE)."""
+        self.wait(timeout)
+        texts = {name: collector.text() for name, collector in self._pipes.items()}
+        return texts.get("stdout"), texts.get("stderr")
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
@@ -119,6 +127,24 @@ class ZygoteProcess:
         return self.returncode
 
 
+class _Collector:
+    """Reads one end of a pipe into memory on a thread until every writer has closed it."""
+
+    def __init__(self, fd: int) -> None:
+        self._chunks: list[bytes] = []
+        self._thread = threading.Thread(target=self._read, args=(fd,), daemon=True)
+        self._thread.start()
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as stream:
+            while chunk := stream.read1(65536):
+                self._chunks.append(chunk)
+
+    def text(self) -> str:
+        self._thread.join(30)  # the command exited: only its own children could still hold the pipe
+        return b"".join(self._chunks).decode(errors="replace")
+
+
 Process = ZygoteProcess | subprocess.Popen  # what `popen` returns
 
 
@@ -130,32 +156,45 @@ def popen(
     stdout: Any = None,
     stderr: Any = None,
 ) -> ZygoteProcess | subprocess.Popen:
-    """`subprocess.Popen(cmd, cwd=, env=, stdout=, stderr=)`, forked from this worker's zygote when `cmd`
-    is one of the project's entry modules (see the module docstring). stdout/stderr: None (this process's),
-    a descriptor, a file object, `subprocess.DEVNULL`, or `subprocess.STDOUT` for stderr; not PIPE (write
-    to a file instead). The caller may close its copies once this returns."""
+    """`subprocess.Popen(cmd, cwd=, env=, stdout=, stderr=, text=True)`, forked from this worker's zygote
+    when `cmd` is one of the project's entry modules (see the module docstring). stdout/stderr: None (this
+    process's), a descriptor, a file object, `subprocess.DEVNULL`, `subprocess.PIPE` (read back with
+    `communicate`), or `subprocess.STDOUT` for stderr. The caller may close its copies once this returns."""
     env = dict(os.environ if env is None else env)
     module = _entry_module(cmd)
     if module is None or os.environ.get("ZYGOTE") == "0" or env.get("ZYGOTE") == "0":
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                text=True)  # fmt: skip
     devnull = os.open(os.devnull, os.O_RDWR)
+    pipes: dict[str, _Collector] = {}
+    write_ends: list[int] = []  # of the PIPE streams: closed here once the child holds them
     try:
-        out = _fd(stdout, 1, devnull)
-        fds = [devnull, out, out if stderr == subprocess.STDOUT else _fd(stderr, 2, devnull)]
+        fds = [devnull]
+        for name, target in (("stdout", stdout), ("stderr", stderr)):
+            if target == subprocess.PIPE:
+                read_end, write_end = os.pipe()
+                pipes[name] = _Collector(read_end)
+                write_ends.append(write_end)
+                fds.append(write_end)
+            elif target == subprocess.STDOUT:
+                fds.append(fds[1])
+            else:
+                fds.append(_fd(target, len(fds), devnull))
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(_START_TIMEOUT_S)
         conn.connect(_socket_path())
         request = {"module": module, "argv": cmd[3:], "env": env, "cwd": str(cwd or os.getcwd())}
         socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
     finally:
-        os.close(devnull)
+        for fd in (devnull, *write_ends):
+            os.close(fd)
     line = b""
     while not line.endswith(b"\n"):
         chunk = conn.recv(4096)
         if not chunk:
             raise RuntimeError("the zygote closed the connection before it forked")
         line += chunk
-    return ZygoteProcess(conn, int(json.loads(line)["pid"]), list(cmd))
+    return ZygoteProcess(conn, int(json.loads(line)["pid"]), list(cmd), pipes)
 
 
 def run(
@@ -196,7 +235,7 @@ def _fd(target: Any, default: int, devnull: int) -> int:
         return target
     if hasattr(target, "fileno"):
         return target.fileno()
-    raise ValueError(f"zygote.popen: unsupported stdout/stderr {target!r} (use a file, not PIPE)")
+    raise ValueError(f"zygote.popen: unsupported stdout/stderr {target!r}")
 
 
 def _socket_path() -> str:
@@ -231,8 +270,14 @@ def _stop(proc: subprocess.Popen) -> None:
 # ---------------------------------------------------------------- the zygote's side
 
 
+def _pythonpath(env: dict[str, str]) -> list[str]:
+    return [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+
+
 def serve(path: str) -> None:
     """Import what `rl` imports, then fork a child per connection until the parent test process is gone."""
+    own = set(_pythonpath(dict(os.environ)))
+    _BASE_PATH[:] = [entry for entry in sys.path[1:] if entry not in own]
     from prime_async.launcher.forking import preload
 
     preload()
@@ -344,7 +389,8 @@ def _become_command(request: dict, fds: list[int]) -> None:
 
     setproctitle.setproctitle(" ".join([sys.executable, "-m", request["module"], *request["argv"]]))
     os.chdir(request["cwd"])
-    sys.path[0] = request["cwd"]
+    # as a fresh interpreter's: the working directory (`-m`), the command's PYTHONPATH, then the rest
+    sys.path[:] = [request["cwd"], *_pythonpath(request["env"]), *_BASE_PATH]
     os.environ.clear()
     os.environ.update(request["env"])
     _show_environment(request["env"])

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import zygote
 from prime_async.config.env import EnvConfig
 from prime_async.config.loader import load_config, parse_config
 from prime_async.config.rl import RLConfig
@@ -27,8 +28,7 @@ RL = Path(sys.executable).parent / "rl"
 
 
 def _rl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [str(RL)] if RL.exists() else [sys.executable, "-m", "prime_async.entrypoints.rl"]
-    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return zygote.run([sys.executable, "-m", "prime_async.entrypoints.rl", *args], cwd=cwd, timeout=300)
 
 
 @pytest.mark.timeout(400)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import zygote
 from prime_async.doctor.sync_run import run_k0
 from prime_async.utils.monitor import read_jsonl
 
@@ -30,7 +31,7 @@ def _doctor(
         "--model.dtype", "float32",  # the logprob check's threshold is float32's ("auto": bf16 on CUDA)
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return zygote.run(cmd, cwd=ROOT, env=env, timeout=timeout)
 
 
 def _rows(stdout: str) -> dict[str, str]:

@@ -57,9 +57,7 @@ def _start_rl(out: Path, model_dir: Path, mark: str, *extra: str, steps: int = 2
         "--inference.server.port", "0", "--transport.port", "0", *extra,
     ]  # fmt: skip
     env = {**os.environ, MARK: mark, "PYTHONPATH": f"{STANDIN}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    return zygote.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _wait_for(predicate, timeout_s: float) -> bool:
@@ -137,9 +135,7 @@ def _start_embedded_rl(out: Path, model_dir: Path, mark: str, *extra: str, steps
         "--output-dir", str(out), "--model.path", str(model_dir), "--max-steps", str(steps), *extra,
     ]  # fmt: skip
     env = {**os.environ, MARK: mark}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    return zygote.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def test_second_run_on_default_ports_is_refused(tiny_model_dir: Path, tmp_path: Path, mark: str) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+import zygote
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
 # What a batch is made of (the orchestrator's other metrics are snapshots of queues at logging time).
@@ -36,7 +38,7 @@ def _start(config: str, out: Path, model: Path, *extra: str) -> subprocess.Popen
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     pipe = subprocess.PIPE
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=pipe, stderr=subprocess.STDOUT, text=True)
+    return zygote.popen(cmd, cwd=ROOT, env=env, stdout=pipe, stderr=subprocess.STDOUT)
 
 
 def _wait(proc: subprocess.Popen, out: Path) -> None:

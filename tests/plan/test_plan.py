@@ -4,12 +4,12 @@ simulates with the real scheduler (virtual clock), the report and the `plan --fr
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import zygote
 from prime_async.config.loader import dump_toml
 from prime_async.config.orchestrator import OrchestratorConfig
 from prime_async.plan.candidates import Candidate, candidate_grid, current_candidate, predict
@@ -102,15 +102,15 @@ def test_plan_from_run_prints_the_table_and_a_recommendation(run_dir: Path) -> N
     report = plan_run(run_dir)
     assert "recommended: K = " in report and "flags: --orchestrator.max_off_policy_steps" in report
     assert "* = the config as given" in report and "engines-to-trainer:" in report
-    proc = subprocess.run([sys.executable, "-m", "prime_async.entrypoints.plan", "--from-run", str(run_dir)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = zygote.run([sys.executable, "-m", "prime_async.entrypoints.plan", "--from-run", str(run_dir)],
+                      timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "recommended: K = " in proc.stdout
 
 
 def test_plan_from_a_directory_without_a_run_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "prime_async.entrypoints.plan", "--from-run", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = zygote.run([sys.executable, "-m", "prime_async.entrypoints.plan", "--from-run", str(tmp_path)],
+                      timeout=120)  # fmt: skip
     assert proc.returncode == 1 and proc.stderr.startswith("plan: error: ")
     assert len(proc.stderr.strip().splitlines()) == 1
 
