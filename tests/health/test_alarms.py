@@ -58,7 +58,7 @@ def entropy_collapse(k: int, m: dict[str, float]) -> None:
 
 
 def kl_acceleration(k: int, m: dict[str, float]) -> None:
-    m["mismatch_kl"] = 1e-3 * 2.0 ** (k + 1)  # doubling: last third (2, 4, 8e-3) 4.7x the first at step 12
+    m["mismatch_kl"] = 1e-2 * 2.0 ** (k + 1)  # doubling from 2e-2: past kl_floor, 4x the first third
 
 
 def length_collapse(k: int, m: dict[str, float]) -> None:
@@ -83,7 +83,7 @@ def advantage_drift(k: int, m: dict[str, float]) -> None:
 
 PATTERNS: dict[str, tuple[Pattern, int]] = {  # alarm: (stream, the step it fires first)
     "entropy_collapse": (after(10, entropy_collapse), 19),
-    "kl_acceleration": (after(10, kl_acceleration), 12),
+    "kl_acceleration": (after(10, kl_acceleration), 11),
     "length_collapse": (after(10, length_collapse), 14),
     "one_component": (after(10, one_component), 15),
     "ratio_drift": (after(10, ratio_drift), 13),

@@ -7,8 +7,9 @@ Invariants:
 - `VisionTower.embeddings` runs the tower only on images whose key (`ImagePrompt.keys`: a digest of the
   pixel values and grid) is not cached; cached embeddings are reused until `clear()`, which the runner
   calls on every weight load (new weights: the tower's output changes), or until evicted (least recently
-  used first, beyond `max_cached_tokens`; never an image of the prompt being embedded). A re-prefill of a retracted
-  request, or the next turn of an episode resending its images, hits the cache under the same weights.
+  used first, beyond `max_cached_tokens`; never an image of the prompt being embedded). A re-prefill of a
+  retracted request, or the next turn of an episode resending its images, hits the cache under the same
+  weights.
 - `mrope_positions` gives what transformers' `get_rope_index` gives for an image-then-text prompt: text
   tokens advance all three axes together; an image's tokens take (t, h, w) grid positions from the
   current position, which then advances by max(h, w) / merge. The delta (max position + 1 - length)
