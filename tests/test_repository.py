@@ -7,13 +7,15 @@
   package imports one of a higher layer, no cycle, every package has a layer, `orchestrator/` stays
   under 15% of the code;
 - no module import cycle inside any package (imports inside functions count too);
-- docs/ARCHITECTURE.md names every module of src/prime_async (by path, or by name on its package's line).
+- docs/ARCHITECTURE.md names every module of src/prime_async (by path, or by name on its package's line);
+- `ruff check` and `ruff format --check` pass on the whole repository (the style the project keeps).
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from repo_graph import hygiene_figures, repo_figures
@@ -119,3 +121,10 @@ def modules_not_named(doc: Path) -> list[str]:
 def test_architecture_names_every_module():
     missing = modules_not_named(ROOT / "docs" / "ARCHITECTURE.md")
     assert not missing, f"docs/ARCHITECTURE.md does not name these modules of src/prime_async: {missing}"
+
+
+def test_ruff_check_and_format_are_clean():
+    ruff = Path(sys.executable).parent / "ruff"
+    for args in (["check", "."], ["format", "--check", "."]):
+        done = subprocess.run([str(ruff), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"ruff {' '.join(args)}:\n{done.stdout[-3000:]}{done.stderr[-1000:]}"
