@@ -154,3 +154,21 @@ def test_lora_adapts_the_language_model_only(tiny_vlm_model_dir: Path) -> None:
     apply_lora(model, LoraConfig(rank=4, alpha=8.0), str(tiny_vlm_model_dir))
     names = list(adapter_tensors(model))
     assert names and all(".language_model.layers." in n for n in names), names[:3]
+
+
+def test_published_names_are_the_checkpoints(model_and_tok, tiny_vlm_model_dir: Path) -> None:
+    """What the trainer publishes for a VLM carries the checkpoint's tensor names (`save_pretrained`'s, which
+    SGLang's Qwen2.5-VL loader reads), and the embedded engine maps them back to its module names."""
+    from safetensors import safe_open
+
+    from prime_async.inference.vision import model_names
+
+    model, _ = model_and_tok
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: not saved
+    saved: set[str] = set()
+    for file in tiny_vlm_model_dir.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as f:
+            saved |= set(f.keys())
+    published = vision.checkpoint_names(state)
+    assert set(published) == saved and any(k.startswith("visual.") for k in published)
+    assert set(model_names(published)) == set(state)

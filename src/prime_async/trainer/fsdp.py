@@ -309,7 +309,9 @@ class FsdpBackend:
         return self.model.config
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        return ckpt.full_model_state_dict(self.model)  # collective under FSDP; every rank gets it
+        state = ckpt.full_model_state_dict(self.model)  # collective under FSDP; every rank gets it
+        # a VLM's module names differ from its checkpoint's: publish the checkpoint's (SGLang reads those)
+        return vision.checkpoint_names(state) if self.images is not None else state
 
     def probe_logits(self, sequences: list[list[int]]) -> list[torch.Tensor]:
         return probe_reference.probe_logits(self.model, sequences)

@@ -32,6 +32,21 @@ from prime_async.trainer.packed_rows import sample_starts
 from prime_async.transport.types import MicroBatch, RowImage
 
 
+def checkpoint_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Qwen2.5-VL's tensors under the hub checkpoint's names, what `save_pretrained` writes and SGLang's
+    loader reads: `model.language_model.*` -> `model.*`, `model.visual.*` -> `visual.*`, `lm_head.*` kept.
+    The published weights use them, so every engine and `from_pretrained` load a broadcast as a
+    checkpoint (the embedded engine takes either layout: `inference/vision.py: model_names`)."""
+    out = {}
+    for name, tensor in state.items():
+        if name.startswith("model.visual."):
+            name = name[len("model.") :]
+        elif name.startswith("model.language_model."):
+            name = "model." + name[len("model.language_model.") :]
+        out[name] = tensor
+    return out
+
+
 def is_vision_language(model_path: str) -> bool:
     """Whether the local checkpoint is a vision-language model (its config.json has a vision_config)."""
     config = Path(model_path) / "config.json"
