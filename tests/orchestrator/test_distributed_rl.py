@@ -13,6 +13,7 @@ compares them bit for bit with the filesystem path).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -69,11 +70,13 @@ def test_rl_distributed_in_flight_updates(pause_mode: str, tiny_model_dir: Path,
     engine_log = (out / "logs" / "inference.log").read_text()
     loaded = [line for line in engine_log.splitlines() if "tensors from group prime-async-weights-" in line]
     versions = {line.rsplit("as version ", 1)[1] for line in loaded}
-    last = int(served[-1])
-    wanted = {str(last)} if pause_mode == "drain" else {str(v) for v in range(1, last + 1)}
-    assert wanted <= versions
+    # every version the watcher says it loaded came over the group; it skips only versions the trainer
+    # already dropped ("weights vN are gone from the trainer's memory: loading the newest, vM")
+    orch_log = (out / "logs" / "orchestrator.log").read_text()
+    said = set(re.findall(r"weights v(\d+) loaded into", orch_log))
+    assert str(int(served[-1])) in said and said <= versions, (said, versions)
     assert len(loaded) > len(versions)  # 0.5 MiB buckets: every version came in several
-    assert f"({pause_mode})" in (out / "logs" / "orchestrator.log").read_text()
+    assert f"({pause_mode})" in orch_log
 
 
 @pytest.mark.timeout(900)
