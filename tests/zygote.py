@@ -38,7 +38,6 @@ import ctypes
 import importlib
 import importlib.util
 import json
-import logging
 import os
 import select
 import selectors
@@ -49,9 +48,10 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
+
+from prime_async.launcher.forking import forget_parent_state, run_to_exit
 
 ENTRYPOINTS = "prime_async.entrypoints."
 _PRELOADED = ("rl", "inference", "trainer", "orchestrator", "rl_engines")  # entry modules imported at start
@@ -353,24 +353,11 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
 def _run_child(request: dict, fds: list[int], ready: int) -> int:
     _become_command(request, fds)
     os.close(ready)  # the zygote answers the test with this pid only now: title, environment, cwd are set
-    try:
-        importlib.import_module(
-            request["module"]
-        ).main()  # what `python -m` runs (exits via SystemExit, or 0)
-        code = 0
-    except SystemExit as e:
-        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-        if not isinstance(e.code, int | None):
-            print(e.code, file=sys.stderr)
-    except BaseException:  # tolerated: reported as a Python started on its own would, then the status is 1
-        traceback.print_exc()
-        code = 1
-    with contextlib.suppress(BaseException):  # tolerated: exit functions must not keep the child alive
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    return code
+
+    def as_module() -> None:  # what `python -m` runs: `main()`, its return value ignored
+        importlib.import_module(request["module"]).main()
+
+    return run_to_exit(as_module)
 
 
 def _become_command(request: dict, fds: list[int]) -> None:
@@ -378,12 +365,7 @@ def _become_command(request: dict, fds: list[int]) -> None:
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(signum, signal.SIG_DFL)
-    atexit._clear()
-    for handler in list(logging.root.handlers):
-        logging.root.removeHandler(handler)
+    forget_parent_state()
     os.environ["SPT_NOENV"] = "1"
     import setproctitle
 

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
-from test_lifecycle import MARK, _marked_processes
+from sglang_runs import cpu_sglang_env, run_leaving_nothing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +28,6 @@ pytestmark = [
 
 
 def run_rl(out: Path, model_dir: Path, *extra: str, env: dict[str, str], overlay: str | None = None) -> None:
-    mark = uuid.uuid4().hex
     files = ["@", str(ROOT / "configs/tiny/rl.toml"), *(["@", str(ROOT / overlay)] if overlay else [])]
     cmd = [
         sys.executable, "-m", "prime_async.entrypoints.rl", *files,
@@ -41,14 +37,7 @@ def run_rl(out: Path, model_dir: Path, *extra: str, env: dict[str, str], overlay
         "--weights.transport", "distributed", "--weights.bucket-mb", "1",
         "--inference.sglang.mem-fraction", "0.2", *extra,  # 0.05 fails when other processes hold the RAM
     ]  # fmt: skip
-    env = {**os.environ, MARK: mark, **env}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
-    survivors = _marked_processes(mark)
-    for pid, _ in survivors:
-        os.kill(pid, 9)
-    logs = {p.stem: p.read_text()[-2500:] for p in (out / "logs").glob("*.log")}
-    assert proc.returncode == 0, f"{proc.stderr[-3000:]}\n{logs}"
-    assert not survivors, f"processes of the run outlived it: {survivors}"
+    run_leaving_nothing(cmd, out, env)
 
 
 def check_run(out: Path, backend: str) -> None:
@@ -66,11 +55,7 @@ def check_run(out: Path, backend: str) -> None:
 @pytest.mark.timeout(900)
 def test_rl_distributed_on_real_sglang_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    env = {
-        "SGLANG_USE_CPU_ENGINE": "1",
-        "PYTHONPATH": f"{ROOT / 'scripts' / 'sglang_cpu'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
-    run_rl(out, tiny_model_dir, env=env, overlay="configs/tiny/rl_sglang_cpu.toml")
+    run_rl(out, tiny_model_dir, env=cpu_sglang_env(), overlay="configs/tiny/rl_sglang_cpu.toml")
     check_run(out, "gloo")
 
 

@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
-from test_lifecycle import MARK, _marked_processes
-
-import zygote
+from sglang_runs import cpu_sglang_env, run_leaving_nothing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,24 +29,14 @@ pytestmark = [
 
 @pytest.mark.timeout(900)
 def test_the_tiny_vlm_trains_on_real_sglang(tiny_vlm_model_dir: Path, tmp_path: Path) -> None:
-    mark, out = uuid.uuid4().hex, tmp_path / "run"
+    out = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "prime_async.entrypoints.rl", "@", str(ROOT / "configs/tiny/rl_vlm.toml"),
         "@", str(ROOT / "configs/tiny/rl_sglang_cpu.toml"), "--output-dir", str(out),
         "--model.path", str(tiny_vlm_model_dir), "--max-steps", "3",
         "--inference.sglang.python", sys.executable, "--inference.server.port", "0", "--transport.port", "0",
     ]  # fmt: skip
-    env = {
-        **os.environ, MARK: mark, "SGLANG_USE_CPU_ENGINE": "1",
-        "PYTHONPATH": f"{ROOT / 'scripts' / 'sglang_cpu'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }  # fmt: skip
-    proc = zygote.run(cmd, cwd=ROOT, env=env, timeout=840)
-    survivors = _marked_processes(mark)
-    for pid, _ in survivors:
-        os.kill(pid, 9)
-    logs = {p.stem: p.read_text()[-2500:] for p in (out / "logs").glob("*.log")}
-    assert proc.returncode == 0, f"{proc.stderr[-3000:]}\n{logs}"
-    assert not survivors, f"processes of the run outlived it: {survivors}"
+    run_leaving_nothing(cmd, out, cpu_sglang_env())
     assert "sglang.launch_server" in (out / "logs" / "inference.log").read_text()
     orch = [json.loads(line) for line in (out / "metrics" / "orchestrator.jsonl").read_text().splitlines()]
     assert [m["step"] for m in orch] == [0, 1, 2]

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from importlib.util import find_spec
@@ -155,8 +156,15 @@ def fork_command(script: EntryPoint, command: list[str], env: dict[str, str], lo
 
 def _child_main(script: EntryPoint, command: list[str], env: dict[str, str], log_fd: int) -> int:
     _become_component(command, env, log_fd)
+    return run_to_exit(lambda: script.load()())  # what the console script does: sys.exit(main())
+
+
+def run_to_exit(main: Callable[[], object]) -> int:
+    """Run `main` as an interpreter's top level would and return the process's exit status: `main`'s
+    return value or its `SystemExit` code, 1 after an uncaught exception (its traceback printed); exit
+    functions run and stdout/stderr flushed, so the caller may `os._exit` with it (a forked child)."""
     try:
-        code = _exit_code(script.load()())  # what the console script does: sys.exit(main())
+        code = _exit_code(main())
     except SystemExit as e:
         code = _exit_code(e.code)
     except BaseException:  # tolerated: reported as an exec'd Python would, then the status is 1
@@ -191,17 +199,23 @@ def _become_component(command: list[str], env: dict[str, str], log_fd: int) -> N
     os.close(log_fd)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True, write_through=True)
+    forget_parent_state()
+    _set_title(command)  # before the environment changes: setproctitle finds rl's argv area through it
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = list(command)
+    _reseed()
+
+
+def forget_parent_state() -> None:
+    """In a fresh fork: default signal dispositions (SIGINT raising KeyboardInterrupt, as at start-up), and
+    none of the parent's exit functions or root logging handlers."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     atexit._clear()
     for handler in list(logging.root.handlers):
         logging.root.removeHandler(handler)
-    _set_title(command)  # before the environment changes: setproctitle finds rl's argv area through it
-    os.environ.clear()
-    os.environ.update(env)
-    sys.argv = list(command)
-    _reseed()
 
 
 def _reseed() -> None:
