@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run `doctor` on every environment under environments/, each with the config it trains with here (the
-# tiny model for the tiny configs' envs, SmolLM2 for echo-text and lookup-agent). The K = 0 run is done
-# once per model (reverse-text, echo-text); the other envs skip it. Prints each env's table.
+# tiny model for the tiny configs' envs, SmolLM2 for echo-text, lookup-agent and echo-long). The K = 0 run
+# is done once per model (reverse-text, echo-text); the other envs skip it. Prints each env's table.
 #   bash scripts/doctor_environments.sh [output_root]
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,3 +16,4 @@ run word-chain @ configs/tiny/rl.toml --env word-chain --seq_len 512 --sync-step
 run higher-lower @ environments/higher_lower/rl_tiny.toml --sync-steps 0
 run echo-text @ configs/echo_text/rl.toml
 run lookup-agent @ configs/lookup_agent/rl.toml --sync-steps 0
+run echo-long @ configs/echo_long/rl.toml --sync-steps 0
