@@ -538,7 +538,7 @@ def check_trained(run: CellRun) -> dict[str, float]:
     assert sorted({m["step"] for m in trainer}) == list(range(steps)), [m["step"] for m in trainer]
     for m in orch:
         assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in LEDGER_STATES), m
-        assert 0 <= m["rollout/data_staleness/min"] <= m["rollout/data_staleness/max"] <= k, m
+        assert m["rollout/data_staleness/min"] >= 0 and m["rollout/token_staleness/max"] <= k, m
     check_ledger(orch, trainer, episodes, steps)
     check_no_waste(run.cell, orch)
     check_offpolicy(run.cell, trainer, num_steps_per_batch(run.out))

@@ -57,7 +57,7 @@ def test_rl_distributed_in_flight_updates(pause_mode: str, tiny_model_dir: Path,
     orch = read_jsonl(out / "metrics" / "orchestrator.jsonl")
     assert [m["step"] for m in orch] == list(range(steps))
     for m in orch:
-        assert m["rollout/data_staleness/max"] <= k
+        assert m["rollout/token_staleness/max"] <= k
         assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in BUCKETS)
     # drain waits until nothing is in flight and then loads the trainer's newest version: it may skip some
     assert sum(m["weights/updates"] for m in orch) >= (1 if pause_mode == "drain" else 2)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from prime_async.orchestrator.data_source import DataSource
-from prime_async.orchestrator.groups import STATES, GroupTable
+from prime_async.orchestrator.groups import STATES, TOKEN_STATES, GroupTable
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.types import Episode
 
@@ -57,8 +57,11 @@ def test_counts_follow_a_group_in_trajectories_split_and_filtered():
     assert table.counts()["trained"] == 3 and table.next_batch_step == 1
     table.check()
     m = table.metrics()
-    assert {k for k in m if k.startswith("ledger/")} == {
+    assert {k for k in m if k.startswith("ledger/") and not k.startswith("ledger/tokens/")} == {
         f"ledger/{s}" for s in (*STATES, "dispatched", "prompts_lost")
+    }
+    assert {k for k in m if k.startswith("ledger/tokens/")} == {
+        f"ledger/tokens/{s}" for s in ("generated", "buffered", *TOKEN_STATES)
     }
     assert m["ledger/dispatched"] == sum(m[f"ledger/{s}"] for s in STATES) == 6
 

@@ -43,7 +43,7 @@ def test_rl_run_with_in_flight_updates(pause_mode: str, tiny_model_dir: Path, tm
     orch = read_jsonl(out / "metrics" / "orchestrator.jsonl")
     assert [m["step"] for m in orch] == list(range(steps))
     for m in orch:
-        assert m["rollout/data_staleness/max"] <= k
+        assert m["rollout/token_staleness/max"] <= k
         assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in BUCKETS)
         assert m["rollout/trained_groups"] == 2
     # drain loads the trainer's newest version once nothing is in flight: it may skip versions

@@ -214,7 +214,7 @@ def _simulate(tmp_path: Path, seed: int, tokens_per_s: float | None, caplog) -> 
         "max_off_policy_steps": 1,
         "admission": {"max_buffered_groups": 8, "max_dropped_groups_per_step": 1000},
         "inference": {"base_urls": ["sim://engine0"]}, "sampling": {"max_tokens": 4096}, "seq_len": 8192,
-        "batch": {"sink": {"import_path": f"{__name__}:ImpatientSink"}},
+        "batch": {"sink": {"import_path": f"{__name__}:ImpatientSink", "stragglers": "wait"}},
     })  # fmt: skip
     params = SimParams(num_engines=1, seed=seed, latency_s=0.2, pareto_alpha=1.2, train_time_s=2.0,
                        max_new_tokens=1024, num_chunks=16, tokens_per_s=tokens_per_s)  # fmt: skip

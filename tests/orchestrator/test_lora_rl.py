@@ -41,7 +41,7 @@ def check_steps(out: Path, steps: range) -> list[dict]:
     orch = [m for m in read_jsonl(out / "metrics" / "orchestrator.jsonl") if m["step"] in steps]
     assert [m["step"] for m in orch] == list(steps)
     for m in orch:
-        assert m["rollout/data_staleness/max"] <= 2
+        assert m["rollout/token_staleness/max"] <= 2
         assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in BUCKETS)
         assert m["rollout/trained_groups"] == 2
     trainer = [m for m in read_jsonl(out / "metrics" / "trainer.jsonl") if m["step"] in steps]

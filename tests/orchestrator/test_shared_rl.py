@@ -75,7 +75,7 @@ def test_rl_shared_in_flight_updates(tiny_model_dir: Path, tmp_path: Path):
     )  # fmt: skip
     orch = read_jsonl(out / "metrics" / "orchestrator.jsonl")
     assert [m["step"] for m in orch] == list(range(steps))
-    assert all(m["rollout/data_staleness/max"] <= k for m in orch)
+    assert all(m["rollout/token_staleness/max"] <= k for m in orch)
     assert sum(m["weights/updates"] for m in orch) >= 2
     assert sum(m["weights/inflight_groups_at_update"] for m in orch) > 0, "no update happened in flight"
     served = [m["weights/served_version"] for m in orch]

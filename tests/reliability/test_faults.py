@@ -87,7 +87,7 @@ def test_kill_each_component_once(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert sorted({m["step"] for m in trainer}) == list(range(steps)) and trainer[-1]["step"] == steps - 1
     for m in orch:  # ledger, staleness bound and backpressure at every step of every lifetime
         assert m["ledger/dispatched"] == sum(m[f"ledger/{b}"] for b in BUCKETS), m
-        assert m["rollout/data_staleness/max"] <= run.k, m
+        assert m["rollout/token_staleness/max"] <= run.k, m
         assert m["rollout/data_staleness/min"] >= 0, m
         assert m["rollout/buffer/size"] <= run.max_buffered_groups, m
     retries = max(m.get("engine/health_retries", 0) for m in orch)
@@ -148,4 +148,4 @@ def test_trainer_killed_between_checkpoints_is_survived(
     trainer = read_jsonl(run.out / "metrics" / "trainer.jsonl")
     assert sorted({m["step"] for m in trainer}) == list(range(steps))
     assert all(m["rollout/data_staleness/min"] >= 0 for m in orch)
-    assert all(m["rollout/data_staleness/max"] <= run.k for m in orch)
+    assert all(m["rollout/token_staleness/max"] <= run.k for m in orch)

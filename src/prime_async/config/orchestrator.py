@@ -145,6 +145,30 @@ class SinkConfig(BaseConfig):
     window_fraction: float = Field(
         0.3, ge=0.0, le=10.0, description="Window of windowed_fifo as a fraction of `batch_groups`."
     )
+    stragglers: Literal["partial", "wait"] = Field(
+        "partial",
+        description="A group still in flight when the batch it is due in could be cut: `partial` = cut "
+        "without it once `straggler_wait_s` passed; it keeps generating under the newer weights and lands "
+        "in a later batch, its loss tokens sampled more than max_off_policy_steps versions before that "
+        "batch masked (counted in `ledger/tokens/masked_stale`): K bounds every trained token. `wait` = "
+        "the cut waits for it (K bounds every trained group's dispatch version; a batch waits for its "
+        "slowest group, as a synchronous run does). deterministic = true always waits.",
+    )
+    straggler_wait_s: float | None = Field(
+        None,
+        ge=0.0,
+        description="stragglers = partial: how long a batch that could be cut waits for a group in flight "
+        "that would miss its deadline without it. None = adaptive: a multiple of the step time, raised while "
+        "more than `discard_budget` of the generated tokens are discarded as stale and lowered while well "
+        "under it (orchestrator/straggler_budget.py).",
+    )
+    discard_budget: float = Field(
+        0.02,
+        ge=0.0,
+        le=1.0,
+        description="stragglers = partial, straggler_wait_s = None: the share of generated loss tokens the "
+        "adaptive straggler wait aims to keep discarded as stale (masked at a cut, or dropped).",
+    )
     reject_equal_reward: bool = Field(
         False, description="Drop groups whose rewards are all equal (no signal for a group baseline)."
     )

@@ -23,7 +23,9 @@ Invariants:
   unit's first sample;
 - every rank gets the same number of micro-batches (FSDP ranks must run the same number of steps): a rank
   short of rows gets padding rows (`MicroBatch.padding`: no loss token);
-- `num_loss_tokens` counts loss tokens over all ranks; `min_dispatch_version` is the oldest group's;
+- `num_loss_tokens` counts loss tokens over all ranks; `min_dispatch_version` is the oldest group's, or
+  with `max_off_policy_steps` given the oldest version a loss token of the batch may have (a straggler
+  whose tokens older than K the sink masked counts as `step - K`, `token_staleness.py`);
 - an episode's images travel in the row that holds its tokens (`MicroBatch.images`, row offsets), each
   image once: a shared prefix never ends inside an image nor past an image that differs between the
   episodes (equal placeholder tokens do not mean equal images), so a prefix image is the first sample's.
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prime_async.config.orchestrator import AdvantageConfig, TeacherConfig
+from prime_async.orchestrator.token_staleness import oldest_trained_version
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.images import image_bytes
 from prime_async.rollouts.types import Episode
@@ -207,6 +210,7 @@ def build_train_batch(
     advantage_cfg: AdvantageConfig,
     share_prefix: bool = False,
     teacher: TeacherConfig | None = None,
+    max_off_policy_steps: int | None = None,
 ) -> TrainBatch:
     """Turn the groups of one batch cut into the TrainBatch of trainer step `step`; `share_prefix`: pack
     each seat's episodes of a group as one shared prefix plus branches; `teacher` (on-policy distillation):
@@ -241,9 +245,15 @@ def build_train_batch(
         micro_batches=micro_batches,
         num_loss_tokens=sum(mb.num_loss_tokens for rank in micro_batches for mb in rank),
         temperature=temperature,
-        min_dispatch_version=min(g.dispatch_version for g in groups),
+        min_dispatch_version=min(_oldest_version(g, step, max_off_policy_steps) for g in groups),
         max_dispatch_version=max(g.dispatch_version for g in groups),
     )
+
+
+def _oldest_version(group: Group, step: int, max_off_policy_steps: int | None) -> int:
+    if max_off_policy_steps is None:
+        return group.dispatch_version
+    return oldest_trained_version(group, step, max_off_policy_steps)
 
 
 def advantage_metrics(micro_batches: list[list[MicroBatch]]) -> dict[str, float]:

@@ -152,6 +152,7 @@ def _group_table(cfg: OrchestratorConfig, envs: EnvMix, start_step: int) -> Grou
         retry_cancelled=not cfg.deterministic,
         max_dropped_groups_per_step=cfg.resolved_max_dropped_groups_per_step,
         next_batch_step=start_step,
+        token_rule=cfg.batch.sink.stragglers == "partial" and not cfg.deterministic,
     )
 
 

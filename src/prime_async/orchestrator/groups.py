@@ -27,7 +27,16 @@ Invariants:
   data source of its environment (`retry=True`) when `retry_unused`, unless it was filtered;
 - `take(groups, step)` sets `next_batch_step = step + 1` and cancels the in-flight groups that can no
   longer ship in the same synchronous block, so admission never sees the freed space before the new step;
-- more than `max_dropped_groups_per_step` drops between two cuts raise RuntimeError (after the move).
+- more than `max_dropped_groups_per_step` drops between two cuts raise RuntimeError (after the move);
+- tokens (`ledger/tokens/*`): every loss token of a finished group is generated once and ends in exactly
+  one of trained, masked_stale (older than K at its cut, `token_staleness.py`), dropped_stale, filtered
+  (removed episodes or truncation before accept), errored, cancelled (the finished episodes of a cancelled
+  group), or is still buffered; `check` verifies the sum. What a cancelled group's running episodes had
+  sampled is not in the token ledger (the length bias counts it);
+- `token_rule = True` (`sink.stragglers = "partial"`): an in-flight group can always still ship (its
+  next tokens are sampled under newer weights), so `cancel_unshippable` cancels nothing; the token rule
+  is applied at the cut instead, and a group dropped stale (none of its tokens young enough) has its
+  prompt retried like a cancelled one.
 """
 
 from __future__ import annotations
@@ -40,12 +49,14 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
 from prime_async.orchestrator.shipping import lands_in
+from prime_async.orchestrator.token_staleness import loss_tokens
 from prime_async.orchestrator.types import Group
 
 State = Literal["inflight", "buffered", "trained", "dropped_stale", "filtered", "errored", "cancelled"]
 STATES: tuple[State, ...] = get_args(State)
 DropReason = Literal["stale", "filtered", "errored"]
 _DROPPED: dict[str, State] = {"stale": "dropped_stale", "filtered": "filtered", "errored": "errored"}
+TOKEN_STATES = ("trained", "masked_stale", "dropped_stale", "filtered", "errored", "cancelled")
 
 
 class PromptReturns(Protocol):
@@ -61,6 +72,7 @@ class _Live:
     trajectories: int
     unfinished: int
     task: asyncio.Task | None = None
+    tokens: int = 0  # loss tokens, set when the group finished
 
 
 class GroupTable:
@@ -77,6 +89,7 @@ class GroupTable:
         max_dropped_groups_per_step: int,
         next_batch_step: int = 0,
         retry_cancelled: bool = True,
+        token_rule: bool = False,
     ):
         self.group_size = group_size
         self.batch_groups = batch_groups
@@ -84,6 +97,7 @@ class GroupTable:
         self.data = data
         self.retry_unused = retry_unused
         self.retry_cancelled = retry_cancelled
+        self.token_rule = token_rule
         self.max_dropped_groups_per_step = max_dropped_groups_per_step
         self.next_batch_step = next_batch_step
         self.dispatched = 0
@@ -98,6 +112,7 @@ class GroupTable:
         self._dropped_since_cut = 0
         self._prompts_lost = 0
         self._window: Counter[str] = Counter()
+        self._tokens: Counter[str] = Counter()
 
     # -- moves -----------------------------------------------------------------------------------------
     def dispatch(self, group: Group, task: asyncio.Task | None = None) -> None:
@@ -132,6 +147,8 @@ class GroupTable:
             )
         self.dispatched += len(group.episodes) - live.trajectories
         live.trajectories = len(group.episodes)
+        live.tokens = loss_tokens(group)
+        self._tokens["generated"] += live.tokens
 
     def accept(self, group: Group) -> None:
         """inflight -> buffered; trajectories the sink removed from `group.episodes` end as filtered."""
@@ -142,6 +159,9 @@ class GroupTable:
         del self._inflight[group.group_id]
         self._ended["filtered"] += live.trajectories - len(group.episodes)
         live.trajectories = len(group.episodes)
+        kept = loss_tokens(group)
+        self._tokens["filtered"] += live.tokens - kept
+        live.tokens = kept
         self._buffered[group.group_id] = live
         self._left_inflight()
 
@@ -154,9 +174,12 @@ class GroupTable:
             raise RuntimeError(f"cannot drop group {gid}: it is neither in flight nor buffered")
         del source[gid]
         self._ended[_DROPPED[reason]] += live.trajectories
+        self._tokens[_DROPPED[reason]] += live.tokens
         self._window[f"dropped_{reason}"] += 1
         if reason == "filtered":
             self.data.unused_group(group, retry=False)  # its content was judged: never retried, not lost
+        elif reason == "stale" and self.token_rule:  # a straggler: like a cancel, never selected against
+            self._return_prompt(group, retry=self.retry_cancelled or self.retry_unused)
         else:
             self._unused(group, retry=True)
         if source is self._inflight:
@@ -180,6 +203,10 @@ class GroupTable:
             if live.task is not None:
                 live.task.cancel()
             self._ended["cancelled"] += live.trajectories
+            finished = live.group.finished_by_index.values()
+            done = sum(ep.num_completion_tokens for eps in finished for ep in eps)
+            self._tokens["generated"] += done
+            self._tokens["cancelled"] += done
             self.running_episodes -= live.unfinished
             self._window["cancelled"] += 1
             self._return_prompt(live.group, retry=self.retry_cancelled or self.retry_unused)
@@ -191,7 +218,11 @@ class GroupTable:
         for group in groups:
             self._live(group, "buffered", "take")
         for group in groups:
-            self._ended["trained"] += self._buffered.pop(group.group_id).trajectories
+            live = self._buffered.pop(group.group_id)
+            self._ended["trained"] += live.trajectories
+            trained = loss_tokens(group)  # the sink masked what is older than K (token rule)
+            self._tokens["trained"] += trained
+            self._tokens["masked_stale"] += live.tokens - trained
         self.next_batch_step = step + 1
         self._dropped_since_cut = 0
         self.changed.set()
@@ -207,8 +238,9 @@ class GroupTable:
         return len(self._buffered)
 
     def can_ship(self, dispatch_version: int) -> bool:
-        """Whether a group dispatched at `dispatch_version` may still be trained in some future batch."""
-        return self.next_batch_step - dispatch_version <= self.max_off_policy_steps
+        """Whether a group dispatched at `dispatch_version` may still be trained in some future batch
+        (always under the token rule: its next tokens are sampled under newer weights)."""
+        return self.token_rule or self.next_batch_step - dispatch_version <= self.max_off_policy_steps
 
     def deadline(self, group: Group) -> int:
         """The last batch `group` can be trained in."""
@@ -275,12 +307,22 @@ class GroupTable:
                 f"group table inconsistent: running episodes {self.running_episodes} != {running}, "
                 f"buffered groups whose episodes changed after accept: {changed}"
             )
+        tokens = self.token_counts()
+        if tokens["generated"] != sum(n for state, n in tokens.items() if state != "generated"):
+            raise RuntimeError(f"token ledger unbalanced: {tokens}")
+
+    def token_counts(self) -> dict[str, int]:
+        """Loss tokens generated and where they went; the states add up to `generated`."""
+        live = sum(live.tokens for live in (*self._inflight.values(), *self._buffered.values()))
+        return {"generated": self._tokens["generated"], "buffered": live,
+                **{state: self._tokens[state] for state in TOKEN_STATES}}  # fmt: skip
 
     def metrics(self) -> dict[str, float]:
         """`ledger/*` (cumulative), buffer sizes, drops and cancels since the last call (then reset)."""
         out = {f"ledger/{state}": float(n) for state, n in self.counts().items()}
         out["ledger/dispatched"] = float(self.dispatched)
         out["ledger/prompts_lost"] = float(self._prompts_lost)
+        out.update({f"ledger/tokens/{state}": float(n) for state, n in self.token_counts().items()})
         out["rollout/buffer/inflight_groups"] = float(len(self._inflight))
         out["rollout/buffer/size"] = float(len(self._buffered))
         drops = {reason: self._window[f"dropped_{reason}"] for reason in get_args(DropReason)}

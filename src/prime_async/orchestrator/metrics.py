@@ -3,6 +3,10 @@
 For every trained episode with span (start=d, end):
     staleness = n - d = version_span + queue_steps,  version_span = end - d,  queue_steps = n - end
 so `rollout/data_staleness/mean == rollout/version_span/mean + rollout/queue_steps/mean` exactly.
+`rollout/token_staleness/{mean,max}` is `n - v` over the batch's loss tokens (`v` the version each was
+sampled under, the dispatch version when unknown): what K bounds under the token rule (`stragglers =
+"partial"`, where a straggler's group staleness can exceed K and its older tokens were masked), and
+`rollout/straggler_groups` counts the groups of the batch with `n - d > K`.
 `rollout/data_staleness/ratio_<k>` is the fraction of trained groups with staleness k. A multi-agent
 env's trajectories also give `reward/seat/<seat>/mean` per seat. Per training environment (`env_names`):
 `rollout/env/<name>/trained_groups` (0 when the batch has none of it), and for those in the batch
@@ -20,11 +24,14 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
+from prime_async.orchestrator.token_staleness import loss_token_ages
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.episode import split_env_values
 
 
-def batch_metrics(groups: list[Group], step: int, env_names: Sequence[str] = ()) -> dict[str, float]:
+def batch_metrics(
+    groups: list[Group], step: int, env_names: Sequence[str] = (), max_off_policy_steps: int | None = None
+) -> dict[str, float]:
     staleness: list[int] = []
     spans: list[int] = []
     queues: list[int] = []
@@ -64,9 +71,22 @@ def batch_metrics(groups: list[Group], step: int, env_names: Sequence[str] = ())
     if set(by_seat) != {"agent"}:
         out.update({f"reward/seat/{seat}/mean": sum(r) / len(r) for seat, r in by_seat.items()})
     out.update(env_metrics(groups, step, env_names))
+    out.update(token_staleness_metrics(groups, step, max_off_policy_steps))
     group_staleness = Counter(step - g.dispatch_version for g in groups)
     for k in range(max(group_staleness, default=0) + 1):
         out[f"rollout/data_staleness/ratio_{k}"] = group_staleness[k] / max(len(groups), 1)
+    return out
+
+
+def token_staleness_metrics(groups: list[Group], step: int, k: int | None) -> dict[str, float]:
+    """`rollout/token_staleness/{mean,max}` over the loss tokens, `rollout/straggler_groups` (module doc)."""
+    ages = [age for group in groups for age in loss_token_ages(group, step)]
+    out = {
+        "rollout/token_staleness/mean": sum(ages) / max(len(ages), 1),
+        "rollout/token_staleness/max": float(max(ages, default=0)),
+    }
+    if k is not None:
+        out["rollout/straggler_groups"] = float(sum(step - g.dispatch_version > k for g in groups))
     return out
 
 

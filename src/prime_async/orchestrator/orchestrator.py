@@ -159,6 +159,7 @@ async def _produce(
             advantage_cfg=cfg.batch.advantage,
             share_prefix=cfg.batch.packing.share_prompt_prefix,
             teacher=cfg.teacher,
+            max_off_policy_steps=cfg.max_off_policy_steps,
         )
         batch.metrics["batch/lifetime_start"] = float(comps.start_step)  # whose batch the trainer trains
         batch.metrics.update(health_inputs(batch_metrics(groups, step, list(comps.envs.envs))))  # health/
@@ -217,9 +218,10 @@ def _batch_peer(cfg: OrchestratorConfig, comps: Components) -> str:
 def _step_metrics(
     comps: Components, groups: list[Group], step: int, *, time_step: float, wait_data: float
 ) -> dict[str, float]:
-    metrics = batch_metrics(groups, step, list(comps.envs.envs))
+    metrics = batch_metrics(groups, step, list(comps.envs.envs), comps.groups.max_off_policy_steps)
     metrics.update(comps.envs.metrics())
     metrics.update(comps.groups.metrics())
+    metrics.update(comps.sink.metrics())
     metrics.update(comps.admission.metrics())
     metrics.update(comps.dispatcher.metrics())
     metrics.update(comps.watcher.metrics())

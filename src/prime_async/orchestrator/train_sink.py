@@ -10,9 +10,10 @@ decides. A replacement is selected with `sink.import_path = "module:Class"`: a c
 groups`.
 
 Invariants:
-- THE staleness guarantee: `get_batch(step)` sweeps every buffered group and drops each with
-  `step - dispatch_version > K` before it takes anything, on every attempt, so no returned group is
-  ever staler than K (in-flight cancellation only saves compute);
+- THE staleness guarantee: `get_batch(step)` sweeps every buffered group before it takes anything, on
+  every attempt, and (`stragglers = "wait"`) drops each with `step - dispatch_version > K`, so no returned
+  group is ever staler than K (in-flight cancellation only saves compute), or (`"partial"`) masks every
+  loss token sampled more than K versions before `step`, so no trained token is;
 - the shipping plan (`shipping.py`): a batch takes finished groups earliest deadline (oldest dispatch
   version) first, and the cut waits for a group in flight rather than leave a live group without a batch
   by its deadline, whenever waiting can keep every deadline; with admission's landing rule nothing
@@ -20,6 +21,13 @@ Invariants:
 - `put` ends every group it is given with exactly one move: accept (into buffered) or drop;
 - the retry rule and the dropped-groups limit are the group table's: filtered groups are never
   retried; stale/errored ones are when `unused_handler = "retry"`;
+- `stragglers = "partial"` (the default) bounds tokens, not groups (`token_staleness.py`): the sweep drops
+  a buffered group only when none of its loss tokens may train in batch `step` any more, the cut takes
+  the earliest *effective* deadlines first, waits for a group in flight at most `straggler_wait_s` after
+  the batch could be cut, and masks (and counts) every loss token older than K before the take; the group
+  left behind keeps generating under the newer weights and lands in a later batch. `stragglers = "wait"`
+  is the group rule above: no group with `step - dispatch_version > K` is trained, and the cut waits as
+  long as waiting can keep every deadline;
 - `deterministic = true` uses `DeterministicSink`: batch n is exactly the groups of its schedule slots
   (`schedule.py`) that the sink accepted, in slot order, cut once every one of them has left flight;
   completion order never matters. A batch whose every group was dropped fails the run (clear error).
@@ -27,6 +35,8 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import math
 from typing import Any, Protocol
@@ -35,6 +45,14 @@ from prime_async.config.orchestrator import SinkConfig
 from prime_async.orchestrator.groups import GroupTable
 from prime_async.orchestrator.schedule import DeterministicSchedule
 from prime_async.orchestrator.shipping import feasible
+from prime_async.orchestrator.straggler_budget import StragglerBudget
+from prime_async.orchestrator.token_staleness import (
+    effective_deadline,
+    expiring_share,
+    loss_tokens,
+    mask_stale,
+    trainable_tokens,
+)
 from prime_async.orchestrator.types import Group
 from prime_async.rollouts.types import Episode
 
@@ -53,6 +71,8 @@ class Sink(Protocol):
     def put(self, group: Group) -> None: ...
 
     async def get_batch(self, step: int) -> list[Group]: ...
+
+    def metrics(self) -> dict[str, float]: ...
 
 
 class TrainSink:
@@ -73,6 +93,8 @@ class TrainSink:
         self.seq_len = seq_len
         self.groups = groups
         self._window = math.ceil(cfg.window_fraction * batch_groups)
+        self.partial = cfg.stragglers == "partial"
+        self.budget = StragglerBudget(fixed_s=cfg.straggler_wait_s, discard_budget=cfg.discard_budget)
 
     # -- interface -------------------------------------------------------------------------------------
     def put(self, group: Group) -> None:
@@ -86,15 +108,46 @@ class TrainSink:
         self.groups.accept(group)
 
     async def get_batch(self, step: int) -> list[Group]:
-        """Wait until `batch_groups` shippable groups are available for `step`, then take them."""
+        """Wait until `batch_groups` shippable groups are available for `step`, then take them; under the
+        token rule wait at most the straggler budget for a group in flight once a batch could be cut."""
+        loop = asyncio.get_running_loop()
+        cut_by: float | None = None  # partial: when a batch that leaves a straggler behind is cut anyway
         while True:
             self.sweep(step)
             batch = self._select(step)
+            if batch is None and self.partial:
+                candidates = self._candidates(step)
+                if candidates is None:
+                    cut_by = None
+                elif cut_by is None:
+                    cut_by = loop.time() + self.straggler_budget()
+                if candidates is not None and loop.time() >= cut_by - 1e-6:
+                    batch = candidates
             if batch is not None:
-                self.groups.take(batch, step)
+                self._take(batch, step)
                 return batch
             self.groups.returned.clear()
-            await self.groups.returned.wait()
+            timeout = None if cut_by is None else max(cut_by - loop.time(), 1e-6)
+            with contextlib.suppress(TimeoutError):  # the straggler budget ran out: cut without it
+                await asyncio.wait_for(self.groups.returned.wait(), timeout)
+
+    def straggler_budget(self) -> float:
+        """Seconds a batch that could be cut waits for a straggler (`straggler_budget.py`)."""
+        return self.budget.seconds()
+
+    def metrics(self) -> dict[str, float]:
+        """The straggler budget and the discarded share it steers by (token rule only)."""
+        return self.budget.metrics() if self.partial else {}
+
+    def _take(self, batch: list[Group], step: int) -> None:
+        if self.partial:
+            for group in batch:
+                mask_stale(group, step, self.max_off_policy_steps)
+        self.groups.take(batch, step)
+        if self.partial:
+            tokens = self.groups.token_counts()
+            discarded = tokens["masked_stale"] + tokens["dropped_stale"]
+            self.budget.observe(asyncio.get_running_loop().time(), discarded, tokens["generated"])
 
     # -- internals -------------------------------------------------------------------------------------
     def sweep(self, step: int) -> None:
@@ -107,23 +160,38 @@ class TrainSink:
                     f"{step - group.dispatch_version} < 0): the engines serve weights the trainer has not "
                     "produced in this history"
                 )
-            if step - group.dispatch_version > self.max_off_policy_steps:
+            if self._stale(group, step):
                 self.groups.drop(group, "stale")
+
+    def _stale(self, group: Group, step: int) -> bool:
+        """Nothing of `group` may train in batch `step`: older than K (group rule), or (token rule) every
+        loss token older than K."""
+        k = self.max_off_policy_steps
+        if not self.partial or not loss_tokens(group):
+            return step - group.dispatch_version > k
+        return trainable_tokens(group, step, k) == 0
 
     def _select(self, step: int) -> list[Group] | None:
         """The batch to cut now, or None to wait for a group in flight (see `_keeps_deadlines`)."""
-        batch = self._fifo(step) if self.cfg.order == "fifo" else self._windowed(step)
+        batch = self._candidates(step)
         if batch is None or self._keeps_deadlines(batch, step):
             return batch
         return None
 
+    def _candidates(self, step: int) -> list[Group] | None:
+        return self._fifo(step) if self.cfg.order == "fifo" else self._windowed(step)
+
     def _fifo(self, step: int) -> list[Group] | None:
-        """The `batch_groups` finished groups with the earliest deadlines (oldest dispatch), arrival order
-        among equals."""
+        """The `batch_groups` finished groups with the earliest deadlines (oldest dispatch; under the
+        token rule the effective deadline, `token_staleness.py`), arrival order among equals."""
         if self.groups.num_buffered_groups < self.batch_groups:
             return None
-        by_deadline = sorted(self.groups.buffered(), key=lambda g: g.dispatch_version)
-        return by_deadline[: self.batch_groups]
+        k = self.max_off_policy_steps
+        if self.partial:
+            key = lambda g: (effective_deadline(g, step, k), -expiring_share(g, step, k), g.dispatch_version)  # noqa: E731
+        else:
+            key = lambda g: g.dispatch_version  # noqa: E731
+        return sorted(self.groups.buffered(), key=key)[: self.batch_groups]
 
     def _windowed(self, step: int) -> list[Group] | None:
         limit = self.batch_groups + self._window
@@ -144,13 +212,22 @@ class TrainSink:
         flight ones included) would keep them all, so a group still in flight is needed now. When even
         that batch cannot, the cut goes ahead (the latest deadlines lose: counted as cancelled or stale).
         """
-        live = [group for group, _ in self.groups.in_dispatch_order()]
+        order = self.groups.in_dispatch_order()
+        live = {g.group_id: self._deadline(g, buffered, step) for g, buffered in order}
+        if self.partial:  # a straggler already past its deadline is not waited for: it rides on
+            live = {gid: d for gid, d in live.items() if d >= step}
         taken = {g.group_id for g in batch}
-        rest = [self.groups.deadline(g) for g in live if g.group_id not in taken]
+        rest = [d for gid, d in live.items() if gid not in taken]
         if feasible(rest, step + 1, self.batch_groups):
             return True
-        deadlines = sorted(self.groups.deadline(g) for g in live)
+        deadlines = sorted(live.values())
         return not feasible(deadlines[self.batch_groups :], step + 1, self.batch_groups)
+
+    def _deadline(self, group: Group, buffered: bool, step: int) -> int:
+        """The group's deadline (the token rule's effective one for a finished group)."""
+        if self.partial and buffered:
+            return effective_deadline(group, step, self.max_off_policy_steps)
+        return self.groups.deadline(group)
 
     def _apply_overlong(self, group: Group) -> None:
         kept: list[Episode] = []
@@ -171,6 +248,7 @@ class DeterministicSink(TrainSink):
     def __init__(self, *, schedule: DeterministicSchedule, **kwargs: Any):
         super().__init__(**kwargs)
         self.schedule = schedule
+        self.partial = False  # slot by slot, each group whole: the group rule
 
     async def get_batch(self, step: int) -> list[Group]:
         """Wait until every slot of batch `step` was dispatched and has left flight, then take them."""
