@@ -146,7 +146,7 @@ class SinkConfig(BaseConfig):
         0.3, ge=0.0, le=10.0, description="Window of windowed_fifo as a fraction of `batch_groups`."
     )
     stragglers: Literal["partial", "wait"] = Field(
-        "partial",
+        "wait",
         description="A group still in flight when the batch it is due in could be cut: `partial` = cut "
         "without it once `straggler_wait_s` passed; it keeps generating under the newer weights and lands "
         "in a later batch, its loss tokens sampled more than max_off_policy_steps versions before that "

@@ -21,8 +21,8 @@ Invariants:
 - `put` ends every group it is given with exactly one move: accept (into buffered) or drop;
 - the retry rule and the dropped-groups limit are the group table's: filtered groups are never
   retried; stale/errored ones are when `unused_handler = "retry"`;
-- `stragglers = "partial"` (the default) bounds tokens, not groups (`token_staleness.py`): the sweep drops
-  a buffered group only when none of its loss tokens may train in batch `step` any more, the cut takes
+- `stragglers = "partial"` (opt-in; the default is `"wait"`) bounds tokens, not groups
+  (`token_staleness.py`): the sweep drops a buffered group only when none of its loss tokens may train in batch `step` any more, the cut takes
   the earliest *effective* deadlines first, waits for a group in flight at most `straggler_wait_s` after
   the batch could be cut, and masks (and counts) every loss token older than K before the take; the group
   left behind keeps generating under the newer weights and lands in a later batch. `stragglers = "wait"`
