@@ -22,12 +22,12 @@ Invariants:
 - the retry rule and the dropped-groups limit are the group table's: filtered groups are never
   retried; stale/errored ones are when `unused_handler = "retry"`;
 - `stragglers = "partial"` (opt-in; the default is `"wait"`) bounds tokens, not groups
-  (`token_staleness.py`): the sweep drops a buffered group only when none of its loss tokens may train in batch `step` any more, the cut takes
-  the earliest *effective* deadlines first, waits for a group in flight at most `straggler_wait_s` after
-  the batch could be cut, and masks (and counts) every loss token older than K before the take; the group
-  left behind keeps generating under the newer weights and lands in a later batch. `stragglers = "wait"`
-  is the group rule above: no group with `step - dispatch_version > K` is trained, and the cut waits as
-  long as waiting can keep every deadline;
+  (`token_staleness.py`): the sweep drops a buffered group only when none of its loss tokens may train in
+  batch `step` any more, the cut takes the earliest *effective* deadlines first, waits for a group in flight
+  at most `straggler_wait_s` after the batch could be cut, and masks (and counts) every loss token older
+  than K before the take; the group left behind keeps generating under the newer weights and lands in a
+  later batch. `stragglers = "wait"` is the group rule above: no group with `step - dispatch_version > K` is
+  trained, and the cut waits as long as waiting can keep every deadline;
 - `deterministic = true` uses `DeterministicSink`: batch n is exactly the groups of its schedule slots
   (`schedule.py`) that the sink accepted, in slot order, cut once every one of them has left flight;
   completion order never matters. A batch whose every group was dropped fails the run (clear error).
